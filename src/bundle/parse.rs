@@ -1,0 +1,266 @@
+//! From a source's bytes to certificates, strictly. A source update is accepted whole or
+//! rejected whole (SPEC 4.2): one bad block means the producer is broken, and keeping its
+//! last good content is safer than guessing which parts of the new one to trust.
+//!
+//! The framing is done here, line by line, rather than by `pem::parse_many`, because that
+//! function silently skips a trailing block that has no END line: exactly the torn file the
+//! kubelet itself mis-reads. `pem` still decodes each framed block.
+
+use super::certificate::{Certificate, CertificateError};
+
+/// Larger source content is rejected before it is parsed.
+pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
+
+const BEGIN: &[u8] = b"-----BEGIN ";
+const END: &[u8] = b"-----END ";
+const DASHES: &[u8] = b"-----";
+
+/// Why a source's content was rejected. Block indexes and lines are 1-based. No variant
+/// carries any of the rejected bytes, so a rejection is safe to log and to show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("content is {size} bytes, more than the {limit}-byte limit")]
+    TooLarge { size: usize, limit: usize },
+    #[error("PEM block {block} (line {line}): {problem}")]
+    MalformedPem {
+        block: usize,
+        line: usize,
+        problem: String,
+    },
+    #[error(
+        "PEM block {block} (line {line}) is a {label}, not a CERTIFICATE: private keys must never reach a CA bundle"
+    )]
+    PrivateKey {
+        block: usize,
+        line: usize,
+        label: String,
+    },
+    #[error("PEM block {block} (line {line}) is a {label}, not a CERTIFICATE")]
+    NotCertificate {
+        block: usize,
+        line: usize,
+        label: String,
+    },
+    #[error("PEM block {block} (line {line}): {error}")]
+    UnparsableCertificate {
+        block: usize,
+        line: usize,
+        error: CertificateError,
+    },
+    #[error("no CERTIFICATE block found")]
+    NoCertificate,
+}
+
+impl Rejection {
+    /// The `reason` label of `kubelet_ca_source_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::TooLarge { .. } => "too_large",
+            Rejection::MalformedPem { .. } => "malformed_pem",
+            Rejection::PrivateKey { .. } => "private_key",
+            Rejection::NotCertificate { .. } => "not_certificate",
+            Rejection::UnparsableCertificate { .. } => "unparsable_certificate",
+            Rejection::NoCertificate => "no_certificate",
+        }
+    }
+}
+
+/// One framed PEM block: BEGIN line through END line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block<'a> {
+    /// 1-based position among the blocks of the input.
+    pub index: usize,
+    /// 1-based line of the BEGIN line.
+    pub line: usize,
+    /// The label, made safe to print.
+    pub label: String,
+    /// The bytes from the BEGIN line through the END line.
+    pub text: &'a [u8],
+}
+
+/// Frames `input` into PEM blocks. Text outside blocks is ignored. Returns the blocks that
+/// framed cleanly and, when framing stopped early, why.
+pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
+    let mut blocks = Vec::new();
+    // (index, line, label, start offset) of the block being read.
+    let mut open: Option<(usize, usize, String, usize)> = None;
+    let mut offset = 0;
+    for (n, raw) in input.split_inclusive(|&b| b == b'\n').enumerate() {
+        let line_no = n + 1;
+        let line = raw.trim_ascii();
+        let start = offset;
+        offset += raw.len();
+        let is_begin = contains(line, BEGIN);
+        let is_end = contains(line, END);
+        match open.take() {
+            None if is_begin => match armor_label(line, BEGIN) {
+                Some(label) => open = Some((blocks.len() + 1, line_no, label, start)),
+                None => {
+                    let problem = "the BEGIN line is cut short or has text around it";
+                    let rejection = malformed(blocks.len() + 1, line_no, problem);
+                    return (blocks, Some(rejection));
+                }
+            },
+            None if is_end => {
+                let problem = "an END line with no BEGIN line before it";
+                let rejection = malformed(blocks.len() + 1, line_no, problem);
+                return (blocks, Some(rejection));
+            }
+            None => {}
+            Some((index, line, _, _)) if is_begin => {
+                let problem = format!("no END line before the next BEGIN at line {line_no}");
+                return (blocks, Some(malformed(index, line, &problem)));
+            }
+            Some((index, begin_line, label, block_start)) if is_end => {
+                match armor_label(line, END) {
+                    Some(end_label) if end_label == label => blocks.push(Block {
+                        index,
+                        line: begin_line,
+                        label,
+                        text: &input[block_start..offset],
+                    }),
+                    Some(end_label) => {
+                        let problem = format!("BEGIN {label} is closed by END {end_label}");
+                        return (blocks, Some(malformed(index, begin_line, &problem)));
+                    }
+                    None => {
+                        let problem = format!("the END line at line {line_no} is cut short");
+                        return (blocks, Some(malformed(index, begin_line, &problem)));
+                    }
+                }
+            }
+            still_open => open = still_open,
+        }
+    }
+    if let Some((index, line, _, _)) = open {
+        let problem = "no END line: the content is truncated";
+        return (blocks, Some(malformed(index, line, problem)));
+    }
+    (blocks, None)
+}
+
+/// Decodes one framed block into a certificate. Non-certificate labels are refused before
+/// any of their content is decoded.
+pub fn decode_certificate(block: &Block<'_>) -> Result<Certificate, Rejection> {
+    if block.label != "CERTIFICATE" {
+        let (index, line, label) = (block.index, block.line, block.label.clone());
+        return Err(if block.label.contains("PRIVATE KEY") {
+            Rejection::PrivateKey { block: index, line, label }
+        } else {
+            Rejection::NotCertificate { block: index, line, label }
+        });
+    }
+    let pem = pem::parse(block.text).map_err(|e| Rejection::MalformedPem {
+        block: block.index,
+        line: block.line,
+        problem: describe_pem_error(&e),
+    })?;
+    Certificate::from_der(pem.contents()).map_err(|error| Rejection::UnparsableCertificate {
+        block: block.index,
+        line: block.line,
+        error,
+    })
+}
+
+/// A certificate that parsed but was left out of the bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub block: usize,
+    pub certificate: Certificate,
+}
+
+/// The accepted content of one source.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceCertificates {
+    /// CA certificates, in source order (duplicates included; the merge removes them).
+    pub certificates: Vec<Certificate>,
+    /// Certificates that are not CAs: the kubelet cannot verify a client with them.
+    pub not_ca: Vec<Skipped>,
+}
+
+/// Parses a source's whole content, accepting it or rejecting it as a whole (SPEC 4.2, 4.3).
+pub fn parse_source(input: &[u8]) -> Result<SourceCertificates, Rejection> {
+    if input.len() > MAX_SOURCE_BYTES {
+        return Err(Rejection::TooLarge {
+            size: input.len(),
+            limit: MAX_SOURCE_BYTES,
+        });
+    }
+    let (blocks, framing_error) = frame(input);
+    if let Some(rejection) = framing_error {
+        return Err(rejection);
+    }
+    if blocks.is_empty() {
+        return Err(Rejection::NoCertificate);
+    }
+    let mut parsed = SourceCertificates::default();
+    for block in &blocks {
+        let certificate = decode_certificate(block)?;
+        if certificate.is_ca {
+            parsed.certificates.push(certificate);
+        } else {
+            parsed.not_ca.push(Skipped {
+                block: block.index,
+                certificate,
+            });
+        }
+    }
+    Ok(parsed)
+}
+
+fn malformed(block: usize, line: usize, problem: &str) -> Rejection {
+    Rejection::MalformedPem {
+        block,
+        line,
+        problem: problem.to_string(),
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The label of a well-formed armor line `-----BEGIN LABEL-----`, made printable.
+fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
+    let inner = line.strip_prefix(prefix)?.strip_suffix(DASHES)?;
+    if inner.is_empty() || inner.len() > 64 || inner.starts_with(b"-") || inner.ends_with(b"-") {
+        return None;
+    }
+    if !inner.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        return None;
+    }
+    Some(String::from_utf8_lossy(inner).into_owned())
+}
+
+/// `pem`'s errors can quote the offending text; keep only what kind of error it was.
+fn describe_pem_error(e: &pem::PemError) -> String {
+    match e {
+        pem::PemError::InvalidData(_) => "the base64 payload does not decode".to_string(),
+        pem::PemError::InvalidHeader(_) => "a PEM header line is malformed".to_string(),
+        pem::PemError::NotUtf8(_) => "the block is not valid UTF-8 text".to_string(),
+        _ => "the block does not decode as PEM".to_string(),
+    }
+}
+
+/// Everything readable in an input that may be broken: the certificates that decode and
+/// the problems met. For showing a file (`inspect`, `sync --dry-run`), never for accepting
+/// a source.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// (block index, certificate), in file order.
+    pub certificates: Vec<(usize, Certificate)>,
+    pub problems: Vec<Rejection>,
+}
+
+pub fn scan(input: &[u8]) -> Scan {
+    let (blocks, framing_error) = frame(input);
+    let mut scan = Scan::default();
+    for block in &blocks {
+        match decode_certificate(block) {
+            Ok(certificate) => scan.certificates.push((block.index, certificate)),
+            Err(problem) => scan.problems.push(problem),
+        }
+    }
+    scan.problems.extend(framing_error);
+    scan
+}

@@ -1,0 +1,203 @@
+//! The command line (SPEC 3). Every flag can also be set as `KUBELET_CA_AGENT_<FLAG>`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::logging::LogFormat;
+use crate::source::SourceSpec;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubelet-ca-agent",
+    version,
+    about = "Keeps a node's kubelet client-CA bundle correct: merges the signer certificates \
+             from its sources and replaces the bundle file atomically when they change.",
+    after_help = "Every flag can also be set in the environment as KUBELET_CA_AGENT_<FLAG> \
+                  (upper case, dashes as underscores), e.g. KUBELET_CA_AGENT_BUNDLE=/tmp/ca.crt.\n\
+                  Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build the bundle from the sources once, write it if it changed, and exit.
+    #[command(
+        long_about = "Build the bundle from the sources once, write it if it changed, and exit.\n\n\
+                      Exits 0 when the file was written or was already in sync, 1 when a source \
+                      is unreadable or rejected or the write failed (the file is left as it was), \
+                      2 on a usage error."
+    )]
+    Sync(SyncArgs),
+    /// Show the certificates in a bundle, their validity and the time they have left.
+    #[command(
+        long_about = "Show the certificates in a bundle, their validity and the time they have left.\n\n\
+                      Exits 0 when every certificate is valid, 1 when one is expired, not yet valid, \
+                      expires within --warn-within or a block is broken, 2 when the input is \
+                      unreadable or holds no certificate."
+    )]
+    Inspect(InspectArgs),
+    /// Print the version and build details.
+    Version,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "KUBELET_CA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log level (error, warn, info, debug, trace) or tracing directives; RUST_LOG wins if set.
+    #[arg(long, global = true, env = "KUBELET_CA_AGENT_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// Flags shared by the commands that build and write the bundle.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// Where the signers come from, in priority order (repeat the flag, or separate with
+    /// commas): configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME, file:PATH, dir:PATH.
+    #[arg(
+        long = "source",
+        value_name = "SPEC",
+        env = "KUBELET_CA_AGENT_SOURCE",
+        value_delimiter = ',',
+        default_value = "configmap:openshift-config-managed/kube-apiserver-client-ca",
+        value_parser = parse_source_spec
+    )]
+    pub sources: Vec<SourceSpec>,
+    /// The bundle file to manage.
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_BUNDLE", default_value = "/etc/kubernetes/kubelet-ca.crt")]
+    pub bundle: PathBuf,
+    /// Kubeconfig for cluster sources (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Where history and the agent's memory are kept.
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_STATE_DIR", default_value = "/var/lib/kubelet-ca-agent")]
+    pub state_dir: PathBuf,
+    /// Mode of the bundle file, in octal. Group or other write access is refused.
+    #[arg(long, value_name = "OCTAL", env = "KUBELET_CA_AGENT_FILE_MODE", default_value = "0644", value_parser = parse_file_mode)]
+    pub file_mode: u32,
+    /// Leave certificates past their notAfter out of the bundle (default: keep them).
+    #[arg(long, env = "KUBELET_CA_AGENT_DROP_EXPIRED")]
+    pub drop_expired: bool,
+    /// Keep a certificate that left every source for this long (never past its notAfter),
+    /// e.g. 36h or 30d. 0s: the sources are the truth.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_RETAIN_REMOVED", default_value = "0s", value_parser = parse_duration)]
+    pub retain_removed: Duration,
+    /// Run this command (no shell; words split like a shell would) after each replace of the
+    /// bundle, with KUBELET_CA_BUNDLE set to its path. Failures are logged, not retried.
+    #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE", value_parser = parse_command)]
+    pub exec_on_change: Option<Vec<String>>,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Print which certificates would be added and removed and whether the file would
+    /// change; write nothing.
+    #[arg(long, env = "KUBELET_CA_AGENT_DRY_RUN")]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The bundle to read; - reads standard input.
+    #[arg(value_name = "PATH|-", default_value = "/etc/kubernetes/kubelet-ca.crt")]
+    pub path: PathBuf,
+    /// Output format.
+    #[arg(long, short, env = "KUBELET_CA_AGENT_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Count a certificate that expires within this duration as a problem (exit 1), e.g. 30d.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_WARN_WITHIN", default_value = "0s", value_parser = parse_duration)]
+    pub warn_within: Duration,
+}
+
+fn parse_source_spec(s: &str) -> Result<SourceSpec, String> {
+    s.parse().map_err(|e: crate::source::SpecError| e.to_string())
+}
+
+/// `90s`, `15m`, `36h`, `30d` (and combinations such as `1h30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 90s, 15m, 36h or 30d ({e})"))
+}
+
+fn parse_file_mode(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    let mode = u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode such as 0644"))?;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{s} lets group or others write the bundle, and so make the kubelet trust any client; use 0644 or stricter"
+        ));
+    }
+    if mode & 0o400 == 0 {
+        return Err(format!("{s} does not let the owner read the bundle; use 0644 or 0600"));
+    }
+    Ok(mode)
+}
+
+fn parse_command(s: &str) -> Result<Vec<String>, String> {
+    let words = shell_words::split(s).map_err(|e| format!("{s:?} does not split into words: {e}"))?;
+    if words.is_empty() {
+        return Err("the command is empty".to_string());
+    }
+    Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn file_modes() {
+        assert_eq!(parse_file_mode("0644"), Ok(0o644));
+        assert_eq!(parse_file_mode("600"), Ok(0o600));
+        assert_eq!(parse_file_mode("0o440"), Ok(0o440));
+        assert!(parse_file_mode("0666").unwrap_err().contains("write"));
+        assert!(parse_file_mode("0755").is_ok());
+        assert!(parse_file_mode("0648").is_err());
+        assert!(parse_file_mode("4644").is_err());
+        assert!(parse_file_mode("0044").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("36h"), Ok(Duration::from_secs(36 * 3600)));
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86400)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn exec_on_change_splits_like_a_shell() {
+        assert_eq!(
+            parse_command("systemctl kill -s HUP 'my proxy.service'"),
+            Ok(vec!["systemctl".into(), "kill".into(), "-s".into(), "HUP".into(), "my proxy.service".into()])
+        );
+        assert!(parse_command("  ").is_err());
+        assert!(parse_command("echo 'unclosed").is_err());
+    }
+}

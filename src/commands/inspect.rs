@@ -1,0 +1,188 @@
+//! `inspect`: the certificates of a bundle, their validity and the time they have left, as
+//! a table for people or JSON for scripts.
+
+use std::io::{self, Read};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::bundle::Certificate;
+use crate::bundle::parse::scan;
+use crate::cli::{InspectArgs, OutputFormat};
+use crate::commands::{human_span, rfc3339};
+use crate::error::{Exit, UsageError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Valid,
+    Expiring,
+    Expired,
+    NotYetValid,
+}
+
+impl Status {
+    pub fn of(certificate: &Certificate, now: i64, warn_within: i64) -> Status {
+        if now < certificate.not_before {
+            Status::NotYetValid
+        } else if certificate.is_expired_at(now) {
+            Status::Expired
+        } else if certificate.not_after - now <= warn_within {
+            Status::Expiring
+        } else {
+            Status::Valid
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Status::Valid => "valid",
+            Status::Expiring => "EXPIRING",
+            Status::Expired => "EXPIRED",
+            Status::NotYetValid => "NOT YET VALID",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    block: usize,
+    subject_cn: String,
+    subject_o: String,
+    issuer_cn: String,
+    issuer_o: String,
+    serial: String,
+    sha256: String,
+    not_before: String,
+    not_after: String,
+    seconds_left: i64,
+    status: Status,
+    is_ca: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    path: String,
+    certificates: Vec<Row>,
+    problems: Vec<String>,
+}
+
+pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
+    let input = read_input(&args.path)?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let warn_within = args.warn_within.as_secs().try_into().unwrap_or(i64::MAX);
+    let scan = scan(&input);
+    let problems: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
+    if scan.certificates.is_empty() {
+        let why = problems.first().map_or("no CERTIFICATE block found".to_string(), Clone::clone);
+        return Err(UsageError(format!("{}: holds no certificate: {why}", args.path.display())).into());
+    }
+    let rows: Vec<Row> = scan
+        .certificates
+        .iter()
+        .map(|(block, c)| Row {
+            block: *block,
+            subject_cn: c.subject_cn.clone(),
+            subject_o: c.subject_o.clone(),
+            issuer_cn: c.issuer_cn.clone(),
+            issuer_o: c.issuer_o.clone(),
+            serial: c.serial.clone(),
+            sha256: c.fingerprint().to_hex(),
+            not_before: rfc3339(c.not_before),
+            not_after: rfc3339(c.not_after),
+            seconds_left: c.not_after - now,
+            status: Status::of(c, now, warn_within),
+            is_ca: c.is_ca,
+        })
+        .collect();
+    let all_valid = rows.iter().all(|r| r.status == Status::Valid) && problems.is_empty();
+    match args.output {
+        OutputFormat::Json => {
+            let report = Report {
+                path: args.path.display().to_string(),
+                certificates: rows,
+                problems,
+            };
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        OutputFormat::Table => {
+            print!("{}", table(&rows));
+            for problem in &problems {
+                eprintln!("problem: {problem}");
+            }
+        }
+    }
+    Ok(if all_valid { Exit::Success } else { Exit::Failure })
+}
+
+fn read_input(path: &Path) -> Result<Vec<u8>, UsageError> {
+    let mut bytes = Vec::new();
+    let result = if path == Path::new("-") {
+        io::stdin().read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes))
+    };
+    result.map_err(|e| UsageError(format!("cannot read {}: {e}", path.display())))?;
+    Ok(bytes)
+}
+
+fn table(rows: &[Row]) -> String {
+    let header = ["SUBJECT", "ISSUER", "SERIAL", "SHA-256", "NOT BEFORE (UTC)", "NOT AFTER (UTC)", "TIME LEFT", "STATUS"];
+    let cells: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            let mut status = r.status.label().to_string();
+            if !r.is_ca {
+                status.push_str(" (not a CA)");
+            }
+            [
+                name(&r.subject_cn, &r.subject_o),
+                name(&r.issuer_cn, &r.issuer_o),
+                shorten(&r.serial, 20),
+                format!("{}…", &r.sha256[..12]),
+                r.not_before.replace('T', " ").trim_end_matches('Z').to_string(),
+                r.not_after.replace('T', " ").trim_end_matches('Z').to_string(),
+                human_span(r.seconds_left),
+                status,
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cols: &[String]| {
+        let padded: Vec<String> = cols
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(padded.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(&header.map(String::from));
+    for row in &cells {
+        line(row);
+    }
+    out
+}
+
+fn name(cn: &str, o: &str) -> String {
+    match (cn.is_empty(), o.is_empty()) {
+        (false, _) => shorten(cn, 48),
+        (true, false) => shorten(&format!("O={o}"), 48),
+        (true, true) => "-".to_string(),
+    }
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(max - 1).collect();
+        format!("{head}…")
+    }
+}

@@ -1,0 +1,53 @@
+//! The one-shot commands. Each takes its parsed arguments and returns the exit code, or an
+//! error that `main` prints as one line.
+
+pub mod inspect;
+pub mod sync;
+
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::error::Exit;
+
+pub fn version() -> Exit {
+    println!("kubelet-ca-agent {}", env!("CARGO_PKG_VERSION"));
+    Exit::Success
+}
+
+/// Unix seconds as RFC 3339 UTC, e.g. `2027-01-01T00:00:00Z`.
+pub fn rfc3339(unix: i64) -> String {
+    OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| unix.to_string())
+}
+
+/// A signed span of seconds for humans: `89d 3h`, `5h 2m`, `-2d 4h`.
+pub fn human_span(seconds: i64) -> String {
+    let sign = if seconds < 0 { "-" } else { "" };
+    let s = seconds.unsigned_abs();
+    let (d, h, m) = (s / 86400, (s % 86400) / 3600, (s % 3600) / 60);
+    match (d, h) {
+        (0, 0) => format!("{sign}{m}m"),
+        (0, _) => format!("{sign}{h}h {m}m"),
+        _ => format!("{sign}{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_read_at_a_glance() {
+        assert_eq!(human_span(89 * 86400 + 3 * 3600 + 59), "89d 3h");
+        assert_eq!(human_span(5 * 3600 + 120), "5h 2m");
+        assert_eq!(human_span(59), "0m");
+        assert_eq!(human_span(-(2 * 86400 + 4 * 3600)), "-2d 4h");
+    }
+
+    #[test]
+    fn rfc3339_is_utc() {
+        assert_eq!(rfc3339(1_798_761_600), "2027-01-01T00:00:00Z");
+    }
+}

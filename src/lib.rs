@@ -1,0 +1,36 @@
+//! kubelet-ca-agent keeps a node's kubelet client-CA bundle correct. The data flows
+//! sources -> bundle -> writer: `source` reads signer certificates, `bundle` (pure) parses,
+//! validates, merges and renders them, and `writer` replaces the managed file atomically.
+//! `commands` wires them for each subcommand.
+
+pub mod bundle;
+pub mod cli;
+pub mod commands;
+pub mod error;
+pub mod logging;
+pub mod source;
+pub mod state;
+pub mod writer;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+use error::Exit;
+
+/// Parses the command line and runs the command.
+pub fn run() -> anyhow::Result<Exit> {
+    let cli = Cli::try_parse().map_err(|e| {
+        // --help and --version are not errors: print them and succeed.
+        if !e.use_stderr() {
+            let _ = e.print();
+            std::process::exit(0);
+        }
+        e
+    })?;
+    logging::init(cli.log.log_format, &cli.log.log_level)?;
+    match cli.command {
+        Command::Sync(args) => commands::sync::run(args),
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Version => Ok(commands::version()),
+    }
+}

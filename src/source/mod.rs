@@ -1,0 +1,251 @@
+//! Where the signer certificates come from: the `--source` grammar (SPEC 3) and the local
+//! sources `file:` and `dir:`. Cluster sources (`configmap:`, `controllerconfig:`) are
+//! parsed and validated here too; reading them lives with the cluster client.
+
+pub mod local;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::bundle::Rejection;
+
+/// The ConfigMap key used when a `configmap:` spec names none.
+pub const DEFAULT_CONFIGMAP_KEY: &str = "ca-bundle.crt";
+
+/// Which keys of a ConfigMap make up the source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Keys {
+    /// One key of `data` (or `binaryData`).
+    One(String),
+    /// Every key of `data` and `binaryData`, in key order (`/*`).
+    All,
+}
+
+/// One `--source` spec, parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SourceSpec {
+    ConfigMap {
+        namespace: String,
+        name: String,
+        keys: Keys,
+    },
+    ControllerConfig {
+        name: String,
+    },
+    File(PathBuf),
+    Dir(PathBuf),
+}
+
+impl SourceSpec {
+    /// True for sources read from the API server.
+    pub fn is_cluster(&self) -> bool {
+        matches!(
+            self,
+            SourceSpec::ConfigMap { .. } | SourceSpec::ControllerConfig { .. }
+        )
+    }
+}
+
+/// Why a `--source` spec does not parse. Always a usage error (exit 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid source spec {spec:?}: {problem}")]
+pub struct SpecError {
+    pub spec: String,
+    pub problem: String,
+}
+
+const SPEC_FORMS: &str = "expected configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME, file:PATH or dir:PATH";
+
+impl FromStr for SourceSpec {
+    type Err = SpecError;
+
+    fn from_str(spec: &str) -> Result<Self, SpecError> {
+        let fail = |problem: String| SpecError {
+            spec: spec.to_string(),
+            problem,
+        };
+        let (kind, rest) = spec
+            .split_once(':')
+            .ok_or_else(|| fail(SPEC_FORMS.to_string()))?;
+        match kind {
+            "configmap" => {
+                let parts: Vec<&str> = rest.split('/').collect();
+                let (namespace, name, keys) = match parts[..] {
+                    [ns, name] => (ns, name, Keys::One(DEFAULT_CONFIGMAP_KEY.to_string())),
+                    [ns, name, "*"] => (ns, name, Keys::All),
+                    [ns, name, key] => (ns, name, Keys::One(key.to_string())),
+                    _ => return Err(fail(SPEC_FORMS.to_string())),
+                };
+                check_dns_label("namespace", namespace).map_err(&fail)?;
+                check_dns_subdomain("ConfigMap name", name).map_err(&fail)?;
+                if let Keys::One(key) = &keys {
+                    check_configmap_key(key).map_err(&fail)?;
+                }
+                Ok(SourceSpec::ConfigMap {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    keys,
+                })
+            }
+            "controllerconfig" => {
+                check_dns_subdomain("ControllerConfig name", rest).map_err(&fail)?;
+                Ok(SourceSpec::ControllerConfig {
+                    name: rest.to_string(),
+                })
+            }
+            "file" | "dir" if rest.is_empty() => Err(fail(format!("{kind}: needs a path"))),
+            "file" => Ok(SourceSpec::File(PathBuf::from(rest))),
+            "dir" => Ok(SourceSpec::Dir(PathBuf::from(rest))),
+            other => Err(fail(format!("unknown kind {other:?}; {SPEC_FORMS}"))),
+        }
+    }
+}
+
+impl fmt::Display for SourceSpec {
+    /// The canonical spec: the `source` label of metrics and the name in every message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceSpec::ConfigMap {
+                namespace,
+                name,
+                keys: Keys::One(key),
+            } if key == DEFAULT_CONFIGMAP_KEY => write!(f, "configmap:{namespace}/{name}"),
+            SourceSpec::ConfigMap {
+                namespace,
+                name,
+                keys: Keys::One(key),
+            } => write!(f, "configmap:{namespace}/{name}/{key}"),
+            SourceSpec::ConfigMap {
+                namespace,
+                name,
+                keys: Keys::All,
+            } => write!(f, "configmap:{namespace}/{name}/*"),
+            SourceSpec::ControllerConfig { name } => write!(f, "controllerconfig:{name}"),
+            SourceSpec::File(path) => write!(f, "file:{}", path.display()),
+            SourceSpec::Dir(path) => write!(f, "dir:{}", path.display()),
+        }
+    }
+}
+
+/// Why a source could not be used this time. The last good content of the source is kept.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source {spec}: cannot read {path}: {error}")]
+    Unreadable {
+        spec: String,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("source {spec}: rejected{}: {rejection}", in_file(.file))]
+    Rejected {
+        spec: String,
+        file: Option<PathBuf>,
+        rejection: Rejection,
+    },
+}
+
+fn in_file(file: &Option<PathBuf>) -> String {
+    file.as_ref()
+        .map(|f| format!(" ({})", f.display()))
+        .unwrap_or_default()
+}
+
+impl SourceError {
+    /// The `reason` label of `kubelet_ca_source_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SourceError::Unreadable { .. } => "unreadable",
+            SourceError::Rejected { rejection, .. } => rejection.reason(),
+        }
+    }
+}
+
+/// RFC 1123 label, as Kubernetes requires of namespaces.
+fn check_dns_label(what: &str, value: &str) -> Result<(), String> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    ok.then_some(()).ok_or_else(|| {
+        format!("{what} {value:?} is not a valid name (lower-case letters, digits and '-', at most 63)")
+    })
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of most object names.
+fn check_dns_subdomain(what: &str, value: &str) -> Result<(), String> {
+    let ok = !value.is_empty()
+        && value.len() <= 253
+        && value.split('.').all(|label| check_dns_label(what, label).is_ok());
+    ok.then_some(()).ok_or_else(|| {
+        format!("{what} {value:?} is not a valid name (lower-case letters, digits, '-' and '.', at most 253)")
+    })
+}
+
+/// ConfigMap keys: `[-._a-zA-Z0-9]+`, at most 253 characters, not `.` or `..`.
+fn check_configmap_key(key: &str) -> Result<(), String> {
+    let ok = !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    ok.then_some(()).ok_or_else(|| {
+        format!("ConfigMap key {key:?} is not valid (letters, digits, '-', '_' and '.'), or use * for every key")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_kind_and_prints_it_back() {
+        for spec in [
+            "configmap:openshift-config-managed/kube-apiserver-client-ca",
+            "configmap:kube-system/extension-apiserver-authentication/client-ca-file",
+            "configmap:ns/name/*",
+            "controllerconfig:machine-config-controller",
+            "file:/etc/pki/ca.crt",
+            "dir:/etc/kubernetes/signers",
+        ] {
+            let parsed: SourceSpec = spec.parse().unwrap();
+            assert_eq!(parsed.to_string(), spec);
+        }
+    }
+
+    #[test]
+    fn default_key_is_ca_bundle_crt() {
+        let explicit: SourceSpec = "configmap:a/b/ca-bundle.crt".parse().unwrap();
+        let implicit: SourceSpec = "configmap:a/b".parse().unwrap();
+        assert_eq!(explicit, implicit);
+        assert_eq!(explicit.to_string(), "configmap:a/b");
+    }
+
+    #[test]
+    fn bad_specs_are_refused_with_the_spec_named() {
+        for bad in [
+            "",
+            "configmap",
+            "configmap:onlyname",
+            "configmap:Bad_NS/name",
+            "configmap:ns/name/key/extra",
+            "configmap:ns/name/bad key",
+            "configmap:ns/",
+            "controllerconfig:",
+            "controllerconfig:UPPER",
+            "file:",
+            "dir:",
+            "secret:ns/name",
+            "/etc/kubernetes/ca.crt",
+        ] {
+            let err = bad.parse::<SourceSpec>().unwrap_err();
+            assert_eq!(err.spec, bad);
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+}

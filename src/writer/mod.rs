@@ -1,0 +1,142 @@
+//! The managed bundle file (SPEC 5): written only when its bytes change, replaced
+//! atomically with its owner and SELinux label kept, the replaced content saved to history,
+//! and never removed.
+
+pub mod atomic;
+pub mod history;
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use time::OffsetDateTime;
+
+use crate::bundle::MAX_SOURCE_BYTES;
+pub use atomic::{Attributes, ReplaceError};
+pub use history::History;
+
+/// What [`BundleWriter::write`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The file already held these bytes; it was not touched.
+    Unchanged,
+    /// The file was replaced. `previous` is what it held (`None` if it did not exist).
+    Replaced { previous: Option<Vec<u8>> },
+}
+
+/// The managed file could not be replaced; it was left as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("cannot read {path}: {error}")]
+    Read { path: PathBuf, error: io::Error },
+    #[error("cannot replace {path}: {cause}; the file was left as it was")]
+    Replace { path: PathBuf, cause: ReplaceError },
+}
+
+impl WriteError {
+    /// The `reason` label of `kubelet_ca_sync_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        let error = match self {
+            WriteError::Read { error, .. } => error,
+            WriteError::Replace { cause, .. } => &cause.error,
+        };
+        match error.kind() {
+            io::ErrorKind::PermissionDenied => "permission_denied",
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "no_space",
+            io::ErrorKind::ReadOnlyFilesystem => "read_only",
+            _ => "io_error",
+        }
+    }
+}
+
+pub struct BundleWriter {
+    path: PathBuf,
+    mode: u32,
+    history: History,
+}
+
+impl BundleWriter {
+    pub fn new(path: PathBuf, mode: u32, state_dir: &Path) -> Self {
+        BundleWriter {
+            path,
+            mode,
+            history: History::new(state_dir),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// The file's current bytes, `None` if it does not exist. A file larger than any valid
+    /// bundle is read only up to that size: it differs from every bundle anyway.
+    pub fn read_current(&self) -> Result<Option<Vec<u8>>, WriteError> {
+        let read = || -> io::Result<Vec<u8>> {
+            let mut bytes = Vec::new();
+            File::open(&self.path)?
+                .take(MAX_SOURCE_BYTES as u64 * 4)
+                .read_to_end(&mut bytes)?;
+            Ok(bytes)
+        };
+        match read() {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(WriteError::Read {
+                path: self.path.clone(),
+                error,
+            }),
+        }
+    }
+
+    /// Removes temporary files an earlier, killed run left next to the managed file.
+    pub fn remove_stale_temp_files(&self) -> io::Result<Vec<PathBuf>> {
+        atomic::remove_stale_temp_files(&self.path)
+    }
+
+    /// Makes the file hold `content`: nothing happens when it already does; otherwise the
+    /// old content goes to history and the file is replaced atomically.
+    pub fn write(&self, content: &[u8], now: OffsetDateTime) -> Result<Outcome, WriteError> {
+        let previous = self.read_current()?;
+        if previous.as_deref() == Some(content) {
+            return Ok(Outcome::Unchanged);
+        }
+        let attributes = self.attributes_for_replacement(previous.is_some());
+        if let Some(old) = previous.as_deref().filter(|old| !old.is_empty()) {
+            // History is for the operator; failing to keep it must not block the bundle.
+            if let Err(e) = self.history.record(old, now) {
+                tracing::warn!(
+                    history = %self.history.dir().display(),
+                    error = %e,
+                    "could not save the replaced bundle to history"
+                );
+            }
+        }
+        atomic::replace(&self.path, content, &attributes).map_err(|cause| WriteError::Replace {
+            path: self.path.clone(),
+            cause,
+        })?;
+        Ok(Outcome::Replaced { previous })
+    }
+
+    /// Mode from `--file-mode`; as root, the replaced file's owner (root:root for a new
+    /// file); the replaced file's SELinux label where it has one.
+    fn attributes_for_replacement(&self, exists: bool) -> Attributes {
+        let metadata = exists.then(|| fs::metadata(&self.path).ok()).flatten();
+        let owner = nix::unistd::geteuid()
+            .is_root()
+            .then(|| metadata.as_ref().map_or((0, 0), |m| (m.uid(), m.gid())));
+        let selinux_label = exists
+            .then(|| xattr::get(&self.path, atomic::SELINUX_XATTR).ok().flatten())
+            .flatten();
+        Attributes {
+            mode: self.mode,
+            owner,
+            selinux_label,
+        }
+    }
+}
