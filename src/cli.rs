@@ -93,7 +93,7 @@ pub struct CommonArgs {
     /// Run this command (no shell; words split like a shell would) after each replace of the
     /// bundle, with KUBELET_CA_BUNDLE set to its path. Failures are logged, not retried.
     #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE", value_parser = parse_command)]
-    pub exec_on_change: Option<Vec<String>>,
+    pub exec_on_change: Option<ExecCommand>,
 }
 
 #[derive(Debug, Args)]
@@ -152,12 +152,16 @@ fn parse_file_mode(s: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-fn parse_command(s: &str) -> Result<Vec<String>, String> {
+/// `--exec-on-change`, split into program and arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCommand(pub Vec<String>);
+
+fn parse_command(s: &str) -> Result<ExecCommand, String> {
     let words = shell_words::split(s).map_err(|e| format!("{s:?} does not split into words: {e}"))?;
     if words.is_empty() {
         return Err("the command is empty".to_string());
     }
-    Ok(words)
+    Ok(ExecCommand(words))
 }
 
 #[cfg(test)]
@@ -193,9 +197,10 @@ mod tests {
 
     #[test]
     fn exec_on_change_splits_like_a_shell() {
+        let words = ["systemctl", "kill", "-s", "HUP", "my proxy.service"];
         assert_eq!(
             parse_command("systemctl kill -s HUP 'my proxy.service'"),
-            Ok(vec!["systemctl".into(), "kill".into(), "-s".into(), "HUP".into(), "my proxy.service".into()])
+            Ok(ExecCommand(words.map(String::from).to_vec()))
         );
         assert!(parse_command("  ").is_err());
         assert!(parse_command("echo 'unclosed").is_err());

@@ -90,7 +90,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
                 "bundle written"
             );
             if let Some(command) = &common.exec_on_change {
-                run_exec_on_change(command, &common.bundle);
+                run_exec_on_change(&command.0, &common.bundle);
             }
         }
     }

@@ -1,0 +1,331 @@
+//! `sync` end to end: the real binary, certificates made at run time, and openssl as the
+//! judge of whether the written bundle really lets the kubelet verify clients.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use common::pki::{self, ALL_ALGORITHMS, Algorithm, Signer};
+use common::{Node, fingerprint_file, openssl_verifies, stderr, stdout};
+use time::Duration;
+
+#[test]
+fn written_bundle_verifies_clients_of_every_signer_and_no_other() {
+    let node = Node::new();
+    let signers: Vec<Signer> = ALL_ALGORITHMS
+        .iter()
+        .map(|alg| Signer::new(&format!("signer-{alg:?}"), *alg))
+        .collect();
+    let pem: String = signers.iter().map(Signer::pem).collect();
+    let out = node.sync(&[&node.source("bundle.pem", &pem)], &[]);
+    assert!(out.status.success(), "sync failed: {}", stderr(&out));
+
+    for signer in &signers {
+        let (client, _) = signer.issue_client("system:admin");
+        assert!(
+            openssl_verifies(&node.bundle(), &client),
+            "client of {} is not accepted",
+            signer.cn
+        );
+    }
+    let stranger = Signer::new("not-in-the-bundle", Algorithm::P256);
+    let (client, _) = stranger.issue_client("mallory");
+    assert!(!openssl_verifies(&node.bundle(), &client));
+}
+
+#[test]
+fn well_formed_single_source_is_written_byte_identical() {
+    let node = Node::new();
+    let pem = pki::bundle_of(3, "ca");
+    let out = node.sync(&[&node.source("a.pem", &pem)], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), pem.as_bytes());
+    let mode = fs::metadata(node.bundle()).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o644);
+}
+
+#[test]
+fn sources_are_merged_in_order_and_deduplicated_with_crlf_and_text_accepted() {
+    let node = Node::new();
+    let (a, b, c) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::Ed25519),
+        Signer::new("c", Algorithm::P384),
+    );
+    let first = format!("# signers of the first source\n{}{}", a.pem(), b.pem()).replace('\n', "\r\n");
+    let second = format!("{}\nsome text between blocks\n{}{}", b.pem(), c.pem(), a.pem());
+    let out = node.sync(
+        &[&node.source("first.pem", first), &node.source("second.pem", second)],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), format!("{}{}{}", a.pem(), b.pem(), c.pem()).as_bytes());
+}
+
+#[test]
+fn dir_source_reads_crt_and_pem_files_in_name_order() {
+    let node = Node::new();
+    let dir = node.root().join("signers");
+    fs::create_dir_all(&dir).unwrap();
+    let (a, b, c) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+        Signer::new("c", Algorithm::P256),
+    );
+    fs::write(dir.join("20-b.pem"), b.pem()).unwrap();
+    fs::write(dir.join("10-a.crt"), a.pem()).unwrap();
+    fs::write(dir.join("30-c.txt"), c.pem()).unwrap(); // not *.crt or *.pem: ignored
+    fs::write(dir.join("README"), "not a certificate").unwrap();
+    let out = node.sync(&[&format!("dir:{}", dir.display())], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), format!("{}{}", a.pem(), b.pem()).as_bytes());
+}
+
+#[test]
+fn unchanged_bundle_never_touches_the_file() {
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(2, "ca"));
+    assert!(node.sync(&[&source], &[]).status.success());
+    let before = fingerprint_file(&node.bundle());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let out = node.sync(&[&source], &[]);
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("already in sync"), "{}", stderr(&out));
+    assert_eq!(fingerprint_file(&node.bundle()), before, "inode, mtime or content changed");
+}
+
+#[test]
+fn rotation_replaces_the_file_with_a_new_inode_and_keeps_history() {
+    let node = Node::new();
+    let old = Signer::new("old", Algorithm::P256);
+    let new = Signer::new("new", Algorithm::P256);
+    let source = node.source("a.pem", old.pem());
+    assert!(node.sync(&[&source], &[]).status.success());
+    let inode_before = fs::metadata(node.bundle()).unwrap().ino();
+
+    fs::write(node.root().join("sources/a.pem"), format!("{}{}", old.pem(), new.pem())).unwrap();
+    let out = node.sync(&[&source], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("added=1"), "{}", stderr(&out));
+    assert_ne!(fs::metadata(node.bundle()).unwrap().ino(), inode_before);
+    assert_eq!(node.read_bundle(), format!("{}{}", old.pem(), new.pem()).as_bytes());
+
+    let history: Vec<_> = fs::read_dir(node.state_dir().join("history"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(history.len(), 1);
+    assert_eq!(fs::read(&history[0]).unwrap(), old.pem().as_bytes());
+    let name = history[0].file_name().unwrap().to_string_lossy().into_owned();
+    let sha = hex_sha256(old.pem().as_bytes());
+    assert!(name.contains(&sha), "history name {name} lacks the sha256");
+    assert!(node.stray_files().is_empty(), "left behind: {:?}", node.stray_files());
+}
+
+#[test]
+fn history_keeps_the_last_ten_replaced_bundles() {
+    let node = Node::new();
+    let source = node.source("a.pem", "");
+    let mut written = Vec::new();
+    for i in 0..13 {
+        let pem = Signer::new(&format!("gen-{i}"), Algorithm::P256).pem();
+        fs::write(source.strip_prefix("file:").unwrap(), &pem).unwrap();
+        let out = node.sync(&[&source], &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        written.push(pem);
+    }
+    let mut history: Vec<_> = fs::read_dir(node.state_dir().join("history"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    history.sort();
+    assert_eq!(history.len(), 10);
+    // 12 bundles were replaced (gen-0 .. gen-11); the newest 10 are gen-2 .. gen-11.
+    for (entry, pem) in history.iter().zip(&written[2..12]) {
+        assert_eq!(&fs::read_to_string(entry).unwrap(), pem);
+    }
+}
+
+#[test]
+fn non_ca_certificates_are_left_out_with_a_warning() {
+    let node = Node::new();
+    let ca = Signer::new("real-ca", Algorithm::P256);
+    let leaf = pki::leaf("just-a-server");
+    let out = node.sync(&[&node.source("a.pem", format!("{leaf}{}", ca.pem()))], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), ca.pem().as_bytes());
+    let err = stderr(&out);
+    assert!(err.contains("not a CA") && err.contains("just-a-server") && err.contains("block=1"), "{err}");
+}
+
+#[test]
+fn expired_certificates_are_kept_unless_drop_expired() {
+    let node = Node::new();
+    let live = Signer::new("live", Algorithm::P256);
+    let dead = Signer::valid_between("dead", Algorithm::P256, Duration::days(-60), Duration::days(-1));
+    let future = Signer::valid_between("next", Algorithm::P256, Duration::days(10), Duration::days(400));
+    let source = node.source("a.pem", format!("{}{}{}", dead.pem(), live.pem(), future.pem()));
+    assert!(node.sync(&[&source], &[]).status.success());
+    assert_eq!(node.read_bundle(), format!("{}{}{}", dead.pem(), live.pem(), future.pem()).as_bytes());
+
+    let out = node.sync(&[&source], &["--drop-expired"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A not-yet-valid signer is the next rotation, distributed ahead: it stays.
+    assert_eq!(node.read_bundle(), format!("{}{}", live.pem(), future.pem()).as_bytes());
+}
+
+#[test]
+fn retain_removed_keeps_a_vanished_signer_across_runs() {
+    let node = Node::new();
+    let (a, b) = (Signer::new("a", Algorithm::P256), Signer::new("b", Algorithm::P256));
+    let source = node.source("a.pem", format!("{}{}", a.pem(), b.pem()));
+    let retain = ["--retain-removed", "1h"];
+    assert!(node.sync(&[&source], &retain).status.success());
+
+    fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
+    let out = node.sync(&[&source], &retain);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), format!("{}{}", b.pem(), a.pem()).as_bytes(), "a is retained");
+    // The memory survives a restart: a later run still keeps it (and does not rewrite).
+    let before = fingerprint_file(&node.bundle());
+    assert!(node.sync(&[&source], &retain).status.success());
+    assert_eq!(fingerprint_file(&node.bundle()), before);
+    // Without retention the sources are the truth again.
+    assert!(node.sync(&[&source], &[]).status.success());
+    assert_eq!(node.read_bundle(), b.pem().as_bytes());
+}
+
+#[test]
+fn dry_run_reports_the_plan_and_writes_nothing() {
+    let node = Node::new();
+    let (a, b) = (Signer::new("alpha", Algorithm::P256), Signer::new("beta", Algorithm::P256));
+    let source = node.source("a.pem", a.pem());
+    assert!(node.sync(&[&source], &[]).status.success());
+    let before = fingerprint_file(&node.bundle());
+
+    fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
+    let out = node.sync(&[&source], &["--dry-run"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan = stdout(&out);
+    assert!(plan.contains("would add") && plan.contains("beta"), "{plan}");
+    assert!(plan.contains("would remove") && plan.contains("alpha"), "{plan}");
+    assert!(plan.contains(&hex_sha256(&b.der())), "{plan}");
+    assert!(plan.contains("would change"), "{plan}");
+    assert_eq!(fingerprint_file(&node.bundle()), before);
+
+    fs::write(source.strip_prefix("file:").unwrap(), a.pem()).unwrap();
+    let out = node.sync(&[&source], &["--dry-run"]);
+    assert!(stdout(&out).contains("in sync"), "{}", stdout(&out));
+}
+
+#[test]
+fn stale_temporary_files_from_a_killed_run_are_removed() {
+    let node = Node::new();
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    // A dead writer's leftover (pid 2^22+1 cannot exist on Linux) and an unrelated file.
+    let stale = node.bundle_dir().join(".kubelet-ca.crt.kubelet-ca-agent-tmp.4194305.0");
+    fs::write(&stale, "half a bund").unwrap();
+    fs::write(node.bundle_dir().join("other.conf"), "keep me").unwrap();
+    let out = node.sync(&[&node.source("a.pem", pki::bundle_of(1, "ca"))], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stale.exists());
+    assert_eq!(node.stray_files(), vec!["other.conf".to_string()]);
+}
+
+#[test]
+fn exec_on_change_runs_after_a_replace_only() {
+    let node = Node::new();
+    let marker = node.root().join("ran");
+    let script = format!("sh -c 'echo \"$KUBELET_CA_BUNDLE\" >> {}'", marker.display());
+    let source = node.source("a.pem", pki::bundle_of(1, "ca"));
+    assert!(node.sync(&[&source], &["--exec-on-change", &script]).status.success());
+    assert!(node.sync(&[&source], &["--exec-on-change", &script]).status.success());
+    let runs = fs::read_to_string(&marker).unwrap();
+    assert_eq!(runs, format!("{}\n", node.bundle().display()), "ran once, with the path");
+
+    // A failing command is reported but does not fail the sync.
+    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "other")).unwrap();
+    let out = node.sync(&[&source], &["--exec-on-change", "false"]);
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("exec-on-change command failed"), "{}", stderr(&out));
+}
+
+#[test]
+fn flags_can_come_from_the_environment() {
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "env");
+    let source = node.source("a.pem", &pem);
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    let out = std::process::Command::new(common::agent_bin())
+        .arg("sync")
+        .env("KUBELET_CA_AGENT_SOURCE", &source)
+        .env("KUBELET_CA_AGENT_BUNDLE", node.bundle())
+        .env("KUBELET_CA_AGENT_STATE_DIR", node.state_dir())
+        .env("KUBELET_CA_AGENT_FILE_MODE", "0600")
+        .env("KUBELET_CA_AGENT_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), pem.as_bytes());
+    assert_eq!(fs::metadata(node.bundle()).unwrap().permissions().mode() & 0o777, 0o600);
+    let line = stderr(&out).lines().last().unwrap().to_string();
+    let json: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    assert_eq!(json["message"], "bundle written");
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_the_problem() {
+    let node = Node::new();
+    for (args, needle) in [
+        (vec!["--source", "configmap:Bad/x"], "configmap:Bad/x"),
+        (vec!["--source", "nonsense"], "nonsense"),
+        (vec!["--file-mode", "0666"], "0666"),
+        (vec!["--retain-removed", "forever"], "forever"),
+        (vec!["--source", "configmap:openshift-config-managed/kube-apiserver-client-ca"], "not available"),
+    ] {
+        let out = node.sync(&[], &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn owner_of_the_replaced_file_is_kept_when_root() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(1, "one"));
+    assert!(node.sync(&[&source], &[]).status.success());
+    let m = fs::metadata(node.bundle()).unwrap();
+    assert_eq!((m.uid(), m.gid()), (0, 0), "a new file is root:root");
+    std::os::unix::fs::chown(node.bundle(), Some(4242), Some(4343)).unwrap();
+    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "two")).unwrap();
+    assert!(node.sync(&[&source], &[]).status.success());
+    let m = fs::metadata(node.bundle()).unwrap();
+    assert_eq!((m.uid(), m.gid()), (4242, 4343));
+}
+
+#[test]
+fn selinux_label_of_the_replaced_file_is_kept() {
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(1, "one"));
+    assert!(node.sync(&[&source], &[]).status.success());
+    let label = b"system_u:object_r:kubernetes_file_t:s0\0";
+    if let Err(e) = xattr::set(node.bundle(), "security.selinux", label) {
+        eprintln!("skipped: cannot set security.selinux here ({e})");
+        return;
+    }
+    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "two")).unwrap();
+    let out = node.sync(&[&source], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = xattr::get(node.bundle(), "security.selinux").unwrap();
+    assert_eq!(got.as_deref(), Some(&label[..]));
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
