@@ -106,6 +106,12 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
                 let rejection = malformed(blocks.len() + 1, line_no, problem);
                 return (blocks, Some(rejection));
             }
+            // A torn BEGIN line ("-----BEG") must not pass as text between blocks.
+            None if line.starts_with(DASHES) => {
+                let problem = "a line starting with ----- is not a complete BEGIN or END line";
+                let rejection = malformed(blocks.len() + 1, line_no, problem);
+                return (blocks, Some(rejection));
+            }
             None => {}
             Some((index, line, _, _)) if is_begin => {
                 let problem = format!("no END line before the next BEGIN at line {line_no}");
@@ -263,4 +269,85 @@ pub fn scan(input: &[u8]) -> Scan {
     }
     scan.problems.extend(framing_error);
     scan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reject(input: &str) -> Rejection {
+        parse_source(input.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn text_without_blocks_has_no_certificate() {
+        assert_eq!(reject(""), Rejection::NoCertificate);
+        assert_eq!(reject("hello\nworld\n"), Rejection::NoCertificate);
+        assert_eq!(reject("---- not quite armor ----\n"), Rejection::NoCertificate);
+    }
+
+    #[test]
+    fn a_private_key_is_refused_without_decoding_it() {
+        // The payload is not even base64: the label alone decides, and nothing is echoed.
+        let input = "-----BEGIN EC PRIVATE KEY-----\nsecret-material\n-----END EC PRIVATE KEY-----\n";
+        let rejection = reject(input);
+        assert_eq!(rejection.reason(), "private_key");
+        assert!(!rejection.to_string().contains("secret-material"));
+        assert!(rejection.to_string().contains("block 1 (line 1)"));
+    }
+
+    #[test]
+    fn other_labels_are_not_certificates() {
+        let input = "-----BEGIN TRUSTED CERTIFICATE-----\nMAA=\n-----END TRUSTED CERTIFICATE-----\n";
+        assert_eq!(reject(input).reason(), "not_certificate");
+    }
+
+    #[test]
+    fn framing_errors_name_block_and_line() {
+        let cases = [
+            ("x\n-----BEGIN CERTIFICATE-----\nMAA=\n", "PEM block 1 (line 2): no END line: the content is truncated"),
+            ("-----END CERTIFICATE-----\n", "PEM block 1 (line 1): an END line with no BEGIN line before it"),
+            ("-----BEGIN CERTIFICATE-----\nMAA=\n-----BEGIN CERTIFICATE-----\n", "PEM block 1 (line 1): no END line before the next BEGIN at line 3"),
+            ("-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERT", "PEM block 1 (line 1): the END line at line 3 is cut short"),
+            ("-----BEGIN CERTIFICATE-----\nMAA=\n-----END X509 CRL-----\n", "PEM block 1 (line 1): BEGIN CERTIFICATE is closed by END X509 CRL"),
+            ("-----BEGIN CERT", "PEM block 1 (line 1): the BEGIN line is cut short or has text around it"),
+            ("-----BE", "PEM block 1 (line 1): a line starting with ----- is not a complete BEGIN or END line"),
+        ];
+        for (input, message) in cases {
+            assert_eq!(reject(input).to_string(), message, "{input:?}");
+            assert_eq!(reject(input).reason(), "malformed_pem");
+        }
+    }
+
+    #[test]
+    fn undecodable_payloads_are_malformed() {
+        let input = "-----BEGIN CERTIFICATE-----\n!!!not base64!!!\n-----END CERTIFICATE-----\n";
+        let rejection = reject(input);
+        assert_eq!(rejection.reason(), "malformed_pem");
+        assert!(!rejection.to_string().contains("not base64"));
+    }
+
+    #[test]
+    fn a_decodable_payload_that_is_not_x509_is_unparsable() {
+        let input = "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n";
+        assert_eq!(reject(input).reason(), "unparsable_certificate");
+    }
+
+    #[test]
+    fn oversized_content_is_refused_before_parsing() {
+        let input = vec![b'a'; MAX_SOURCE_BYTES + 1];
+        assert_eq!(
+            parse_source(&input).unwrap_err(),
+            Rejection::TooLarge { size: MAX_SOURCE_BYTES + 1, limit: MAX_SOURCE_BYTES }
+        );
+    }
+
+    #[test]
+    fn scan_keeps_what_is_readable_and_lists_the_rest() {
+        let input = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n-----BEGIN CERTIFICATE-----\nMAA=\n";
+        let scan = scan(input.as_bytes());
+        assert!(scan.certificates.is_empty());
+        let reasons: Vec<_> = scan.problems.iter().map(Rejection::reason).collect();
+        assert_eq!(reasons, ["private_key", "malformed_pem"]);
+    }
 }
