@@ -53,7 +53,12 @@ pub struct LogArgs {
     #[arg(long, global = true, env = "KUBELET_CA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log level (error, warn, info, debug, trace) or tracing directives; RUST_LOG wins if set.
-    #[arg(long, global = true, env = "KUBELET_CA_AGENT_LOG_LEVEL", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "KUBELET_CA_AGENT_LOG_LEVEL",
+        default_value = "info"
+    )]
     pub log_level: String,
 }
 
@@ -72,13 +77,23 @@ pub struct CommonArgs {
     )]
     pub sources: Vec<SourceSpec>,
     /// The bundle file to manage.
-    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_BUNDLE", default_value = "/etc/kubernetes/kubelet-ca.crt")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_CA_AGENT_BUNDLE",
+        default_value = "/etc/kubernetes/kubelet-ca.crt"
+    )]
     pub bundle: PathBuf,
     /// Kubeconfig for cluster sources (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Where history and the agent's memory are kept.
-    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_STATE_DIR", default_value = "/var/lib/kubelet-ca-agent")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_CA_AGENT_STATE_DIR",
+        default_value = "/var/lib/kubelet-ca-agent"
+    )]
     pub state_dir: PathBuf,
     /// Mode of the bundle file, in octal. Group or other write access is refused.
     #[arg(long, value_name = "OCTAL", env = "KUBELET_CA_AGENT_FILE_MODE", default_value = "0644", value_parser = parse_file_mode)]
@@ -115,7 +130,10 @@ pub enum OutputFormat {
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     /// The bundle to read; - reads standard input.
-    #[arg(value_name = "PATH|-", default_value = "/etc/kubernetes/kubelet-ca.crt")]
+    #[arg(
+        value_name = "PATH|-",
+        default_value = "/etc/kubernetes/kubelet-ca.crt"
+    )]
     pub path: PathBuf,
     /// Output format.
     #[arg(long, short, env = "KUBELET_CA_AGENT_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
@@ -126,7 +144,8 @@ pub struct InspectArgs {
 }
 
 fn parse_source_spec(s: &str) -> Result<SourceSpec, String> {
-    s.parse().map_err(|e: crate::source::SpecError| e.to_string())
+    s.parse()
+        .map_err(|e: crate::source::SpecError| e.to_string())
 }
 
 /// `90s`, `15m`, `36h`, `30d` (and combinations such as `1h30m`).
@@ -147,7 +166,9 @@ fn parse_file_mode(s: &str) -> Result<u32, String> {
         ));
     }
     if mode & 0o400 == 0 {
-        return Err(format!("{s} does not let the owner read the bundle; use 0644 or 0600"));
+        return Err(format!(
+            "{s} does not let the owner read the bundle; use 0644 or 0600"
+        ));
     }
     Ok(mode)
 }
@@ -157,7 +178,8 @@ fn parse_file_mode(s: &str) -> Result<u32, String> {
 pub struct ExecCommand(pub Vec<String>);
 
 fn parse_command(s: &str) -> Result<ExecCommand, String> {
-    let words = shell_words::split(s).map_err(|e| format!("{s:?} does not split into words: {e}"))?;
+    let words =
+        shell_words::split(s).map_err(|e| format!("{s:?} does not split into words: {e}"))?;
     if words.is_empty() {
         return Err("the command is empty".to_string());
     }

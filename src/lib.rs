@@ -19,14 +19,15 @@ use error::Exit;
 
 /// Parses the command line and runs the command.
 pub fn run() -> anyhow::Result<Exit> {
-    let cli = Cli::try_parse().map_err(|e| {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
         // --help and --version are not errors: print them and succeed.
-        if !e.use_stderr() {
-            let _ = e.print();
-            std::process::exit(0);
+        Err(e) if !e.use_stderr() => {
+            e.print()?;
+            return Ok(Exit::Success);
         }
-        e
-    })?;
+        Err(e) => return Err(e.into()),
+    };
     logging::init(cli.log.log_format, &cli.log.log_level)?;
     match cli.command {
         Command::Sync(args) => commands::sync::run(args),

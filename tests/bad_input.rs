@@ -28,20 +28,76 @@ fn cases(good: &Signer) -> Vec<Case> {
         der.truncate(der.len() - 10);
         pem::encode(&pem::Pem::new("CERTIFICATE", der))
     };
-    let expired = Signer::valid_between("expired", Algorithm::P256, Duration::days(-30), Duration::days(-1)).pem();
+    let expired = Signer::valid_between(
+        "expired",
+        Algorithm::P256,
+        Duration::days(-30),
+        Duration::days(-1),
+    )
+    .pem();
     vec![
-        Case { name: "private key after a certificate", content: format!("{pem}{key}").into(), expect: &["PRIVATE KEY", "block 2"] },
-        Case { name: "private key alone", content: key.clone().into(), expect: &["PRIVATE KEY", "block 1"] },
-        Case { name: "truncated PEM", content: format!("{pem}{truncated}").into(), expect: &["block 2", "truncated"] },
-        Case { name: "garbage", content: b"\x00\x01 this is not PEM at all \xff\xfe".to_vec(), expect: &["no CERTIFICATE"] },
-        Case { name: "empty file", content: Vec::new(), expect: &["no CERTIFICATE"] },
-        Case { name: "bad base64", content: bad_base64.into(), expect: &["block 1", "base64"] },
-        Case { name: "corrupt DER", content: corrupt_der.into(), expect: &["block 1", "X.509"] },
-        Case { name: "other PEM type", content: b"-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n".to_vec(), expect: &["X509 CRL", "not a CERTIFICATE"] },
-        Case { name: "mismatched armor", content: pem.replace("END CERTIFICATE", "END CERTIFICATE REQUEST").into(), expect: &["closed by END"] },
-        Case { name: "huge", content: pem.repeat(4 * 1024 * 1024 / pem.len() + 2).into(), expect: &["limit"] },
-        Case { name: "only a non-CA certificate", content: pki::leaf("leaf").into(), expect: &["none is valid"] },
-        Case { name: "only an expired signer", content: expired.into(), expect: &["none is valid"] },
+        Case {
+            name: "private key after a certificate",
+            content: format!("{pem}{key}").into(),
+            expect: &["PRIVATE KEY", "block 2"],
+        },
+        Case {
+            name: "private key alone",
+            content: key.clone().into(),
+            expect: &["PRIVATE KEY", "block 1"],
+        },
+        Case {
+            name: "truncated PEM",
+            content: format!("{pem}{truncated}").into(),
+            expect: &["block 2", "truncated"],
+        },
+        Case {
+            name: "garbage",
+            content: b"\x00\x01 this is not PEM at all \xff\xfe".to_vec(),
+            expect: &["no CERTIFICATE"],
+        },
+        Case {
+            name: "empty file",
+            content: Vec::new(),
+            expect: &["no CERTIFICATE"],
+        },
+        Case {
+            name: "bad base64",
+            content: bad_base64.into(),
+            expect: &["block 1", "base64"],
+        },
+        Case {
+            name: "corrupt DER",
+            content: corrupt_der.into(),
+            expect: &["block 1", "X.509"],
+        },
+        Case {
+            name: "other PEM type",
+            content: b"-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n".to_vec(),
+            expect: &["X509 CRL", "not a CERTIFICATE"],
+        },
+        Case {
+            name: "mismatched armor",
+            content: pem
+                .replace("END CERTIFICATE", "END CERTIFICATE REQUEST")
+                .into(),
+            expect: &["closed by END"],
+        },
+        Case {
+            name: "huge",
+            content: pem.repeat(4 * 1024 * 1024 / pem.len() + 2).into(),
+            expect: &["limit"],
+        },
+        Case {
+            name: "only a non-CA certificate",
+            content: pki::leaf("leaf").into(),
+            expect: &["none is valid"],
+        },
+        Case {
+            name: "only an expired signer",
+            content: expired.into(),
+            expect: &["none is valid"],
+        },
     ]
 }
 
@@ -58,26 +114,57 @@ fn every_bad_input_exits_1_and_leaves_the_file_as_it_was() {
         .filter(|l| !l.starts_with("-----"))
         .map(String::from)
         .collect();
-    let cert_lines: Vec<String> = good.pem().lines().filter(|l| !l.starts_with("-----")).map(String::from).collect();
+    let cert_lines: Vec<String> = good
+        .pem()
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .map(String::from)
+        .collect();
 
     for case in cases(&good) {
         fs::write(source.strip_prefix("file:").unwrap(), &case.content).unwrap();
         let out = node.sync(&[&source], &[]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{}: {err}", case.name);
-        assert_eq!(fingerprint_file(&node.bundle()), before, "{}: the file changed", case.name);
+        assert_eq!(
+            fingerprint_file(&node.bundle()),
+            before,
+            "{}: the file changed",
+            case.name
+        );
         let last = err.lines().last().unwrap_or_default();
-        assert!(last.starts_with("kubelet-ca-agent: error:"), "{}: {err}", case.name);
+        assert!(
+            last.starts_with("kubelet-ca-agent: error:"),
+            "{}: {err}",
+            case.name
+        );
         for word in case.expect {
-            assert!(last.contains(word), "{}: {last:?} lacks {word:?}", case.name);
+            assert!(
+                last.contains(word),
+                "{}: {last:?} lacks {word:?}",
+                case.name
+            );
         }
         if !case.expect.contains(&"none is valid") {
-            assert!(last.contains(&source), "{}: {last:?} does not name the source", case.name);
+            assert!(
+                last.contains(&source),
+                "{}: {last:?} does not name the source",
+                case.name
+            );
         }
         for line in key_lines.iter().chain(&cert_lines) {
-            assert!(!err.contains(line.as_str()), "{}: key or certificate material in the output", case.name);
+            assert!(
+                !err.contains(line.as_str()),
+                "{}: key or certificate material in the output",
+                case.name
+            );
         }
-        assert!(node.stray_files().is_empty(), "{}: left {:?}", case.name, node.stray_files());
+        assert!(
+            node.stray_files().is_empty(),
+            "{}: left {:?}",
+            case.name,
+            node.stray_files()
+        );
     }
 }
 
@@ -88,7 +175,14 @@ fn one_bad_source_among_good_ones_fails_the_run() {
     let first = node.source("first.pem", good.pem());
     assert!(node.sync(&[&first], &[]).status.success());
     let before = fingerprint_file(&node.bundle());
-    let bad = node.source("second.pem", format!("{}{}", Signer::new("x", Algorithm::P256).pem(), good.key_pem()));
+    let bad = node.source(
+        "second.pem",
+        format!(
+            "{}{}",
+            Signer::new("x", Algorithm::P256).pem(),
+            good.key_pem()
+        ),
+    );
     let out = node.sync(&[&first, &bad], &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("second.pem"), "{}", stderr(&out));
@@ -101,7 +195,10 @@ fn a_missing_source_file_is_a_clear_runtime_error() {
     let out = node.sync(&["file:/nonexistent/ca.pem"], &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("file:/nonexistent/ca.pem") && err.contains("No such file"), "{err}");
+    assert!(
+        err.contains("file:/nonexistent/ca.pem") && err.contains("No such file"),
+        "{err}"
+    );
     assert!(!node.bundle().exists(), "nothing written");
 }
 
@@ -116,7 +213,10 @@ fn a_dir_source_with_a_bad_file_names_the_file() {
     let out = node.sync(&[&format!("dir:{}", dir.display())], &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("b.pem") && err.contains("PRIVATE KEY"), "{err}");
+    assert!(
+        err.contains("b.pem") && err.contains("PRIVATE KEY"),
+        "{err}"
+    );
     assert!(!node.bundle().exists());
 
     let empty = node.root().join("empty");
@@ -136,10 +236,17 @@ fn an_unwritable_directory_exits_1_and_keeps_the_old_file() {
     let source = node.source("a.pem", pki::bundle_of(1, "old"));
     assert!(node.sync(&[&source], &[]).status.success());
     let before = fingerprint_file(&node.bundle());
-    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "new")).unwrap();
+    fs::write(
+        source.strip_prefix("file:").unwrap(),
+        pki::bundle_of(1, "new"),
+    )
+    .unwrap();
 
     let dir = node.bundle_dir();
-    let immutable = std::process::Command::new("chattr").arg("+i").arg(&dir).status();
+    let immutable = std::process::Command::new("chattr")
+        .arg("+i")
+        .arg(&dir)
+        .status();
     if !immutable.is_ok_and(|s| s.success()) {
         eprintln!("skipped: chattr +i is not supported on this filesystem");
         return;
@@ -149,14 +256,20 @@ fn an_unwritable_directory_exits_1_and_keeps_the_old_file() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     let last = err.lines().last().unwrap();
-    assert!(last.contains("cannot replace") && last.contains("Operation not permitted"), "{last}");
+    assert!(
+        last.contains("cannot replace") && last.contains("Operation not permitted"),
+        "{last}"
+    );
     assert!(last.contains("left as it was"), "{last}");
     assert_eq!(fingerprint_file(&node.bundle()), before);
 
     struct Undo(std::path::PathBuf);
     impl Drop for Undo {
         fn drop(&mut self) {
-            let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.0)
+                .status();
         }
     }
 }

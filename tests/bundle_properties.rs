@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 
 use kubelet_ca_agent::bundle::parse::{frame, parse_source};
 use kubelet_ca_agent::bundle::retention::{self, Remembered};
-use kubelet_ca_agent::bundle::{self, Bundle, Certificate, Fingerprint, Policy, SourceCertificates};
+use kubelet_ca_agent::bundle::{
+    self, Bundle, Certificate, Fingerprint, Policy, SourceCertificates,
+};
 use proptest::prelude::*;
 use time::{Duration, OffsetDateTime};
 
@@ -35,8 +37,16 @@ fn pool() -> &'static Pool {
             Signer::valid_between("short-f", Algorithm::P256, h(-1), h(2)),
         ];
         let pems: Vec<String> = signers.iter().map(Signer::pem).collect();
-        let certs = signers.iter().map(|s| Certificate::from_der(&s.der()).unwrap()).collect();
-        Pool { pems, certs, leaf: pki::leaf("leaf"), key: signers[0].key_pem() }
+        let certs = signers
+            .iter()
+            .map(|s| Certificate::from_der(&s.der()).unwrap())
+            .collect();
+        Pool {
+            pems,
+            certs,
+            leaf: pki::leaf("leaf"),
+            key: signers[0].key_pem(),
+        }
     })
 }
 
@@ -57,14 +67,13 @@ fn filler() -> impl Strategy<Value = String> {
 
 /// A source: indexes into the pool, the text between blocks, and CRLF or LF.
 fn source() -> impl Strategy<Value = (Vec<usize>, Vec<String>, bool)> {
-    (1usize..8)
-        .prop_flat_map(|n| {
-            (
-                prop::collection::vec(0..pool().certs.len(), n),
-                prop::collection::vec(filler(), n + 1),
-                any::<bool>(),
-            )
-        })
+    (1usize..8).prop_flat_map(|n| {
+        (
+            prop::collection::vec(0..pool().certs.len(), n),
+            prop::collection::vec(filler(), n + 1),
+            any::<bool>(),
+        )
+    })
 }
 
 fn write_source(indexes: &[usize], fillers: &[String], crlf: bool) -> String {
@@ -73,7 +82,11 @@ fn write_source(indexes: &[usize], fillers: &[String], crlf: bool) -> String {
         text.push_str(&pool().pems[idx]);
         text.push_str(&fillers[i + 1]);
     }
-    if crlf { text.replace('\n', "\r\n") } else { text }
+    if crlf {
+        text.replace('\n', "\r\n")
+    } else {
+        text
+    }
 }
 
 fn fingerprints(certs: &[Certificate]) -> Vec<Fingerprint> {
@@ -259,18 +272,39 @@ fn a_certificate_dropped_by_every_source_is_retained_then_expires_from_memory() 
     let certs = &pool().certs;
     let now = now();
     let previous = vec![
-        Remembered { certificate: certs[0].clone(), missing_since: None },
-        Remembered { certificate: certs[1].clone(), missing_since: None },
+        Remembered {
+            certificate: certs[0].clone(),
+            missing_since: None,
+        },
+        Remembered {
+            certificate: certs[1].clone(),
+            missing_since: None,
+        },
     ];
     let first = retention::apply(&previous, &certs[1..2], 3600, now);
     assert_eq!(first.kept, vec![certs[0].clone()]);
     assert_eq!(first.memory[1].missing_since, Some(now));
     let later = retention::apply(&first.memory, &certs[1..2], 3600, now + 1800);
-    assert_eq!(later.kept, vec![certs[0].clone()], "still within the window");
-    assert_eq!(later.memory[1].missing_since, Some(now), "disappearance time is kept");
+    assert_eq!(
+        later.kept,
+        vec![certs[0].clone()],
+        "still within the window"
+    );
+    assert_eq!(
+        later.memory[1].missing_since,
+        Some(now),
+        "disappearance time is kept"
+    );
     let gone = retention::apply(&later.memory, &certs[1..2], 3600, now + 3600);
     assert!(gone.kept.is_empty());
     // Never past notAfter: the short-lived signer goes when it expires, window or not.
-    let short = vec![Remembered { certificate: certs[5].clone(), missing_since: Some(now) }];
-    assert!(retention::apply(&short, &[], 86400 * 30, certs[5].not_after + 1).kept.is_empty());
+    let short = vec![Remembered {
+        certificate: certs[5].clone(),
+        missing_since: Some(now),
+    }];
+    assert!(
+        retention::apply(&short, &[], 86400 * 30, certs[5].not_after + 1)
+            .kept
+            .is_empty()
+    );
 }

@@ -62,7 +62,11 @@ fn sigkill_at_random_instants_never_tears_the_file() {
         })
     };
 
-    let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let seed = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     eprintln!("seed {seed}, one full sync takes {full_run:?}");
     let mut rng = Rng(seed);
     let window = full_run.as_micros() as u64 * 2 + 1;
@@ -70,7 +74,11 @@ fn sigkill_at_random_instants_never_tears_the_file() {
     let mut last = fs::read(node.bundle()).unwrap();
     for _ in 0..ROTATIONS {
         // Always ask for the bundle that is not on disk, so every run is a rotation.
-        let source = if last == bundle_a.as_bytes() { &source_b } else { &source_a };
+        let source = if last == bundle_a.as_bytes() {
+            &source_b
+        } else {
+            &source_a
+        };
         let mut child = node
             .command("sync")
             .arg("--source")
@@ -85,7 +93,10 @@ fn sigkill_at_random_instants_never_tears_the_file() {
         if status.signal() == Some(9) {
             killed += 1;
         } else {
-            assert!(status.success(), "a sync that was not killed failed: {status}");
+            assert!(
+                status.success(),
+                "a sync that was not killed failed: {status}"
+            );
             finished += 1;
         }
         let now = fs::read(node.bundle()).unwrap();
@@ -96,15 +107,27 @@ fn sigkill_at_random_instants_never_tears_the_file() {
     }
     stop.store(true, Ordering::Relaxed);
     let (reads, torn) = reader.join().unwrap();
-    eprintln!("{ROTATIONS} runs: {killed} killed, {finished} finished, {changes} rotations seen; {reads} reads");
+    eprintln!(
+        "{ROTATIONS} runs: {killed} killed, {finished} finished, {changes} rotations seen; {reads} reads"
+    );
     assert_eq!(torn, 0, "{torn} reads saw a torn or foreign bundle");
     assert!(reads > 0);
-    assert!(killed > ROTATIONS / 10, "too few runs were killed to mean anything: {killed}");
-    assert!(changes > ROTATIONS / 10, "too few rotations happened to mean anything: {changes}");
+    assert!(
+        killed > ROTATIONS / 10,
+        "too few runs were killed to mean anything: {killed}"
+    );
+    assert!(
+        changes > ROTATIONS / 10,
+        "too few rotations happened to mean anything: {changes}"
+    );
 
     // A final, complete run cleans up whatever killed runs left behind.
     let out = node.sync(&[&source_a], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(fs::read(node.bundle()).unwrap(), bundle_a.as_bytes());
-    assert!(node.stray_files().is_empty(), "left behind: {:?}", node.stray_files());
+    assert!(
+        node.stray_files().is_empty(),
+        "left behind: {:?}",
+        node.stray_files()
+    );
 }

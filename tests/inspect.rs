@@ -13,7 +13,12 @@ fn inspect_file(content: &str, args: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bundle.crt");
     std::fs::write(&path, content).unwrap();
-    Command::new(agent_bin()).arg("inspect").arg(&path).args(args).output().unwrap()
+    Command::new(agent_bin())
+        .arg("inspect")
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -25,18 +30,45 @@ fn valid_bundle_is_shown_as_a_table_and_exits_0() {
     let table = stdout(&out);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
-    for column in ["SUBJECT", "ISSUER", "SERIAL", "SHA-256", "NOT BEFORE", "NOT AFTER", "TIME LEFT", "STATUS"] {
+    for column in [
+        "SUBJECT",
+        "ISSUER",
+        "SERIAL",
+        "SHA-256",
+        "NOT BEFORE",
+        "NOT AFTER",
+        "TIME LEFT",
+        "STATUS",
+    ] {
         assert!(lines[0].contains(column), "missing {column}: {}", lines[0]);
     }
-    assert!(lines[1].starts_with("kube-csr-signer ") && lines[1].ends_with("valid"), "{}", lines[1]);
-    assert!((lines[2].contains("364d") || lines[2].contains("365d")) && lines[2].ends_with("valid"), "{}", lines[2]);
+    assert!(
+        lines[1].starts_with("kube-csr-signer ") && lines[1].ends_with("valid"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        (lines[2].contains("364d") || lines[2].contains("365d")) && lines[2].ends_with("valid"),
+        "{}",
+        lines[2]
+    );
 }
 
 #[test]
 fn expired_and_not_yet_valid_certificates_exit_1() {
     let live = Signer::new("live", Algorithm::P256);
-    let dead = Signer::valid_between("dead", Algorithm::P256, Duration::days(-10), Duration::days(-2));
-    let next = Signer::valid_between("next", Algorithm::P256, Duration::days(2), Duration::days(20));
+    let dead = Signer::valid_between(
+        "dead",
+        Algorithm::P256,
+        Duration::days(-10),
+        Duration::days(-2),
+    );
+    let next = Signer::valid_between(
+        "next",
+        Algorithm::P256,
+        Duration::days(2),
+        Duration::days(20),
+    );
     for (pem, status) in [(dead.pem(), "EXPIRED"), (next.pem(), "NOT YET VALID")] {
         let out = inspect_file(&(live.pem() + &pem), &[]);
         assert_eq!(out.status.code(), Some(1));
@@ -46,7 +78,12 @@ fn expired_and_not_yet_valid_certificates_exit_1() {
 
 #[test]
 fn warn_within_flags_a_certificate_that_expires_soon() {
-    let soon = Signer::valid_between("soon", Algorithm::Ed25519, Duration::days(-1), Duration::days(20));
+    let soon = Signer::valid_between(
+        "soon",
+        Algorithm::Ed25519,
+        Duration::days(-1),
+        Duration::days(20),
+    );
     let out = inspect_file(&soon.pem(), &["--warn-within", "30d"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("EXPIRING"));
@@ -78,7 +115,12 @@ fn reads_standard_input() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(a.pem().as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(a.pem().as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).contains("from-stdin"));
@@ -92,12 +134,19 @@ fn a_broken_block_is_reported_and_exits_1() {
     let out = inspect_file(&torn, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("intact"));
-    assert!(stderr(&out).contains("block 2") && stderr(&out).contains("truncated"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("block 2") && stderr(&out).contains("truncated"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn unreadable_or_certificate_free_input_exits_2() {
-    let out = Command::new(agent_bin()).args(["inspect", "/nonexistent/bundle.crt"]).output().unwrap();
+    let out = Command::new(agent_bin())
+        .args(["inspect", "/nonexistent/bundle.crt"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("/nonexistent/bundle.crt"));
     let out = inspect_file("just some text\n", &[]);

@@ -53,14 +53,26 @@ fn sources_are_merged_in_order_and_deduplicated_with_crlf_and_text_accepted() {
         Signer::new("b", Algorithm::Ed25519),
         Signer::new("c", Algorithm::P384),
     );
-    let first = format!("# signers of the first source\n{}{}", a.pem(), b.pem()).replace('\n', "\r\n");
-    let second = format!("{}\nsome text between blocks\n{}{}", b.pem(), c.pem(), a.pem());
+    let first =
+        format!("# signers of the first source\n{}{}", a.pem(), b.pem()).replace('\n', "\r\n");
+    let second = format!(
+        "{}\nsome text between blocks\n{}{}",
+        b.pem(),
+        c.pem(),
+        a.pem()
+    );
     let out = node.sync(
-        &[&node.source("first.pem", first), &node.source("second.pem", second)],
+        &[
+            &node.source("first.pem", first),
+            &node.source("second.pem", second),
+        ],
         &[],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(node.read_bundle(), format!("{}{}{}", a.pem(), b.pem(), c.pem()).as_bytes());
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}{}", a.pem(), b.pem(), c.pem()).as_bytes()
+    );
 }
 
 #[test]
@@ -79,7 +91,10 @@ fn dir_source_reads_crt_and_pem_files_in_name_order() {
     fs::write(dir.join("README"), "not a certificate").unwrap();
     let out = node.sync(&[&format!("dir:{}", dir.display())], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(node.read_bundle(), format!("{}{}", a.pem(), b.pem()).as_bytes());
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}", a.pem(), b.pem()).as_bytes()
+    );
 }
 
 #[test]
@@ -92,7 +107,11 @@ fn unchanged_bundle_never_touches_the_file() {
     let out = node.sync(&[&source], &[]);
     assert!(out.status.success());
     assert!(stderr(&out).contains("already in sync"), "{}", stderr(&out));
-    assert_eq!(fingerprint_file(&node.bundle()), before, "inode, mtime or content changed");
+    assert_eq!(
+        fingerprint_file(&node.bundle()),
+        before,
+        "inode, mtime or content changed"
+    );
 }
 
 #[test]
@@ -104,12 +123,19 @@ fn rotation_replaces_the_file_with_a_new_inode_and_keeps_history() {
     assert!(node.sync(&[&source], &[]).status.success());
     let inode_before = fs::metadata(node.bundle()).unwrap().ino();
 
-    fs::write(node.root().join("sources/a.pem"), format!("{}{}", old.pem(), new.pem())).unwrap();
+    fs::write(
+        node.root().join("sources/a.pem"),
+        format!("{}{}", old.pem(), new.pem()),
+    )
+    .unwrap();
     let out = node.sync(&[&source], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("added=1"), "{}", stderr(&out));
     assert_ne!(fs::metadata(node.bundle()).unwrap().ino(), inode_before);
-    assert_eq!(node.read_bundle(), format!("{}{}", old.pem(), new.pem()).as_bytes());
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}", old.pem(), new.pem()).as_bytes()
+    );
 
     let history: Vec<_> = fs::read_dir(node.state_dir().join("history"))
         .unwrap()
@@ -117,10 +143,18 @@ fn rotation_replaces_the_file_with_a_new_inode_and_keeps_history() {
         .collect();
     assert_eq!(history.len(), 1);
     assert_eq!(fs::read(&history[0]).unwrap(), old.pem().as_bytes());
-    let name = history[0].file_name().unwrap().to_string_lossy().into_owned();
+    let name = history[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let sha = hex_sha256(old.pem().as_bytes());
     assert!(name.contains(&sha), "history name {name} lacks the sha256");
-    assert!(node.stray_files().is_empty(), "left behind: {:?}", node.stray_files());
+    assert!(
+        node.stray_files().is_empty(),
+        "left behind: {:?}",
+        node.stray_files()
+    );
 }
 
 #[test]
@@ -156,29 +190,54 @@ fn non_ca_certificates_are_left_out_with_a_warning() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(node.read_bundle(), ca.pem().as_bytes());
     let err = stderr(&out);
-    assert!(err.contains("not a CA") && err.contains("just-a-server") && err.contains("block=1"), "{err}");
+    assert!(
+        err.contains("not a CA") && err.contains("just-a-server") && err.contains("block=1"),
+        "{err}"
+    );
 }
 
 #[test]
 fn expired_certificates_are_kept_unless_drop_expired() {
     let node = Node::new();
     let live = Signer::new("live", Algorithm::P256);
-    let dead = Signer::valid_between("dead", Algorithm::P256, Duration::days(-60), Duration::days(-1));
-    let future = Signer::valid_between("next", Algorithm::P256, Duration::days(10), Duration::days(400));
-    let source = node.source("a.pem", format!("{}{}{}", dead.pem(), live.pem(), future.pem()));
+    let dead = Signer::valid_between(
+        "dead",
+        Algorithm::P256,
+        Duration::days(-60),
+        Duration::days(-1),
+    );
+    let future = Signer::valid_between(
+        "next",
+        Algorithm::P256,
+        Duration::days(10),
+        Duration::days(400),
+    );
+    let source = node.source(
+        "a.pem",
+        format!("{}{}{}", dead.pem(), live.pem(), future.pem()),
+    );
     assert!(node.sync(&[&source], &[]).status.success());
-    assert_eq!(node.read_bundle(), format!("{}{}{}", dead.pem(), live.pem(), future.pem()).as_bytes());
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}{}", dead.pem(), live.pem(), future.pem()).as_bytes()
+    );
 
     let out = node.sync(&[&source], &["--drop-expired"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // A not-yet-valid signer is the next rotation, distributed ahead: it stays.
-    assert_eq!(node.read_bundle(), format!("{}{}", live.pem(), future.pem()).as_bytes());
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}", live.pem(), future.pem()).as_bytes()
+    );
 }
 
 #[test]
 fn retain_removed_keeps_a_vanished_signer_across_runs() {
     let node = Node::new();
-    let (a, b) = (Signer::new("a", Algorithm::P256), Signer::new("b", Algorithm::P256));
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
     let source = node.source("a.pem", format!("{}{}", a.pem(), b.pem()));
     let retain = ["--retain-removed", "1h"];
     assert!(node.sync(&[&source], &retain).status.success());
@@ -186,7 +245,11 @@ fn retain_removed_keeps_a_vanished_signer_across_runs() {
     fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
     let out = node.sync(&[&source], &retain);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(node.read_bundle(), format!("{}{}", b.pem(), a.pem()).as_bytes(), "a is retained");
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}", b.pem(), a.pem()).as_bytes(),
+        "a is retained"
+    );
     // The memory survives a restart: a later run still keeps it (and does not rewrite).
     let before = fingerprint_file(&node.bundle());
     assert!(node.sync(&[&source], &retain).status.success());
@@ -199,7 +262,10 @@ fn retain_removed_keeps_a_vanished_signer_across_runs() {
 #[test]
 fn dry_run_reports_the_plan_and_writes_nothing() {
     let node = Node::new();
-    let (a, b) = (Signer::new("alpha", Algorithm::P256), Signer::new("beta", Algorithm::P256));
+    let (a, b) = (
+        Signer::new("alpha", Algorithm::P256),
+        Signer::new("beta", Algorithm::P256),
+    );
     let source = node.source("a.pem", a.pem());
     assert!(node.sync(&[&source], &[]).status.success());
     let before = fingerprint_file(&node.bundle());
@@ -208,8 +274,14 @@ fn dry_run_reports_the_plan_and_writes_nothing() {
     let out = node.sync(&[&source], &["--dry-run"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let plan = stdout(&out);
-    assert!(plan.contains("would add") && plan.contains("beta"), "{plan}");
-    assert!(plan.contains("would remove") && plan.contains("alpha"), "{plan}");
+    assert!(
+        plan.contains("would add") && plan.contains("beta"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("would remove") && plan.contains("alpha"),
+        "{plan}"
+    );
     assert!(plan.contains(&hex_sha256(&b.der())), "{plan}");
     assert!(plan.contains("would change"), "{plan}");
     assert_eq!(fingerprint_file(&node.bundle()), before);
@@ -224,7 +296,9 @@ fn stale_temporary_files_from_a_killed_run_are_removed() {
     let node = Node::new();
     fs::create_dir_all(node.bundle_dir()).unwrap();
     // A dead writer's leftover (pid 2^22+1 cannot exist on Linux) and an unrelated file.
-    let stale = node.bundle_dir().join(".kubelet-ca.crt.kubelet-ca-agent-tmp.4194305.0");
+    let stale = node
+        .bundle_dir()
+        .join(".kubelet-ca.crt.kubelet-ca-agent-tmp.4194305.0");
     fs::write(&stale, "half a bund").unwrap();
     fs::write(node.bundle_dir().join("other.conf"), "keep me").unwrap();
     let out = node.sync(&[&node.source("a.pem", pki::bundle_of(1, "ca"))], &[]);
@@ -237,18 +311,41 @@ fn stale_temporary_files_from_a_killed_run_are_removed() {
 fn exec_on_change_runs_after_a_replace_only() {
     let node = Node::new();
     let marker = node.root().join("ran");
-    let script = format!("sh -c 'echo \"$KUBELET_CA_BUNDLE\" >> {}'", marker.display());
+    let script = format!(
+        "sh -c 'echo \"$KUBELET_CA_BUNDLE\" >> {}'",
+        marker.display()
+    );
     let source = node.source("a.pem", pki::bundle_of(1, "ca"));
-    assert!(node.sync(&[&source], &["--exec-on-change", &script]).status.success());
-    assert!(node.sync(&[&source], &["--exec-on-change", &script]).status.success());
+    assert!(
+        node.sync(&[&source], &["--exec-on-change", &script])
+            .status
+            .success()
+    );
+    assert!(
+        node.sync(&[&source], &["--exec-on-change", &script])
+            .status
+            .success()
+    );
     let runs = fs::read_to_string(&marker).unwrap();
-    assert_eq!(runs, format!("{}\n", node.bundle().display()), "ran once, with the path");
+    assert_eq!(
+        runs,
+        format!("{}\n", node.bundle().display()),
+        "ran once, with the path"
+    );
 
     // A failing command is reported but does not fail the sync.
-    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "other")).unwrap();
+    fs::write(
+        source.strip_prefix("file:").unwrap(),
+        pki::bundle_of(1, "other"),
+    )
+    .unwrap();
     let out = node.sync(&[&source], &["--exec-on-change", "false"]);
     assert!(out.status.success());
-    assert!(stderr(&out).contains("exec-on-change command failed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("exec-on-change command failed"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -268,7 +365,10 @@ fn flags_can_come_from_the_environment() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(node.read_bundle(), pem.as_bytes());
-    assert_eq!(fs::metadata(node.bundle()).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(node.bundle()).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let line = stderr(&out).lines().last().unwrap().to_string();
     let json: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
     assert_eq!(json["message"], "bundle written");
@@ -282,7 +382,13 @@ fn usage_errors_exit_2_and_name_the_problem() {
         (vec!["--source", "nonsense"], "nonsense"),
         (vec!["--file-mode", "0666"], "0666"),
         (vec!["--retain-removed", "forever"], "forever"),
-        (vec!["--source", "configmap:openshift-config-managed/kube-apiserver-client-ca"], "not available"),
+        (
+            vec![
+                "--source",
+                "configmap:openshift-config-managed/kube-apiserver-client-ca",
+            ],
+            "not available",
+        ),
     ] {
         let out = node.sync(&[], &args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
@@ -302,7 +408,11 @@ fn owner_of_the_replaced_file_is_kept_when_root() {
     let m = fs::metadata(node.bundle()).unwrap();
     assert_eq!((m.uid(), m.gid()), (0, 0), "a new file is root:root");
     std::os::unix::fs::chown(node.bundle(), Some(4242), Some(4343)).unwrap();
-    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "two")).unwrap();
+    fs::write(
+        source.strip_prefix("file:").unwrap(),
+        pki::bundle_of(1, "two"),
+    )
+    .unwrap();
     assert!(node.sync(&[&source], &[]).status.success());
     let m = fs::metadata(node.bundle()).unwrap();
     assert_eq!((m.uid(), m.gid()), (4242, 4343));
@@ -318,7 +428,11 @@ fn selinux_label_of_the_replaced_file_is_kept() {
         eprintln!("skipped: cannot set security.selinux here ({e})");
         return;
     }
-    fs::write(source.strip_prefix("file:").unwrap(), pki::bundle_of(1, "two")).unwrap();
+    fs::write(
+        source.strip_prefix("file:").unwrap(),
+        pki::bundle_of(1, "two"),
+    )
+    .unwrap();
     let out = node.sync(&[&source], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let got = xattr::get(node.bundle(), "security.selinux").unwrap();

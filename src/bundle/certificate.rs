@@ -47,10 +47,14 @@ pub enum CertificateError {
     TrailingData(usize),
 }
 
-/// A parsed certificate. Cheap to clone: the DER is shared.
+/// A parsed certificate. Cheap to clone: everything is shared behind one `Arc`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Certificate {
-    der: Arc<[u8]>,
+pub struct Certificate(Arc<Parsed>);
+
+/// What the agent reads out of a certificate; reached through `Deref` on [`Certificate`].
+#[derive(PartialEq, Eq)]
+pub struct Parsed {
+    der: Box<[u8]>,
     fingerprint: Fingerprint,
     pub subject_cn: String,
     pub subject_o: String,
@@ -64,6 +68,14 @@ pub struct Certificate {
     pub not_after: i64,
     /// basicConstraints CA is true: the kubelet can verify clients with it.
     pub is_ca: bool,
+}
+
+impl std::ops::Deref for Certificate {
+    type Target = Parsed;
+
+    fn deref(&self) -> &Parsed {
+        &self.0
+    }
 }
 
 impl fmt::Debug for Certificate {
@@ -93,7 +105,7 @@ impl Certificate {
             }
         };
         let validity = cert.validity();
-        Ok(Certificate {
+        Ok(Certificate(Arc::new(Parsed {
             fingerprint: Fingerprint::of(der),
             subject_cn: join_attrs(cert.subject().iter_common_name()),
             subject_o: join_attrs(cert.subject().iter_organization()),
@@ -103,8 +115,8 @@ impl Certificate {
             not_before: validity.not_before.timestamp(),
             not_after: validity.not_after.timestamp(),
             is_ca,
-            der: Arc::from(der),
-        })
+            der: der.into(),
+        })))
     }
 
     pub fn der(&self) -> &[u8] {

@@ -136,7 +136,9 @@ pub fn build(
         .partition(|c| !(policy.drop_expired && c.is_expired_at(now)));
     let bundle = Bundle { certificates: kept };
     if bundle.valid_count(now) == 0 {
-        return Err(NoValidCertificate { total: bundle.len() });
+        return Err(NoValidCertificate {
+            total: bundle.len(),
+        });
     }
     Ok(Built {
         bundle,

@@ -4,7 +4,11 @@
 //!
 //! The framing is done here, line by line, rather than by `pem::parse_many`, because that
 //! function silently skips a trailing block that has no END line: exactly the torn file the
-//! kubelet itself mis-reads. `pem` still decodes each framed block.
+//! kubelet itself mis-reads. Having framed the lines, the payload goes straight to `base64`
+//! (strict RFC 7468 form: no headers in a CERTIFICATE block).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 
 use super::certificate::{Certificate, CertificateError};
 
@@ -90,8 +94,8 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
         let line = raw.trim_ascii();
         let start = offset;
         offset += raw.len();
-        let is_begin = contains(line, BEGIN);
-        let is_end = contains(line, END);
+        let is_begin = line.starts_with(BEGIN);
+        let is_end = line.starts_with(END);
         match open.take() {
             None if is_begin => match armor_label(line, BEGIN) {
                 Some(label) => open = Some((blocks.len() + 1, line_no, label, start)),
@@ -151,17 +155,43 @@ pub fn decode_certificate(block: &Block<'_>) -> Result<Certificate, Rejection> {
     if block.label != "CERTIFICATE" {
         let (index, line, label) = (block.index, block.line, block.label.clone());
         return Err(if block.label.contains("PRIVATE KEY") {
-            Rejection::PrivateKey { block: index, line, label }
+            Rejection::PrivateKey {
+                block: index,
+                line,
+                label,
+            }
         } else {
-            Rejection::NotCertificate { block: index, line, label }
+            Rejection::NotCertificate {
+                block: index,
+                line,
+                label,
+            }
         });
     }
-    let pem = pem::parse(block.text).map_err(|e| Rejection::MalformedPem {
-        block: block.index,
-        line: block.line,
-        problem: describe_pem_error(&e),
-    })?;
-    Certificate::from_der(pem.contents()).map_err(|error| Rejection::UnparsableCertificate {
+    let malformed_payload = |problem: &str| malformed(block.index, block.line, problem);
+    // Every line between the armor lines is base64; RFC 7468 allows no headers here.
+    let lines = block.text.split(|&b| b == b'\n').map(<[u8]>::trim_ascii);
+    let payload_lines = lines.skip(1).take_while(|l| !l.starts_with(END));
+    let mut payload = Vec::with_capacity(block.text.len());
+    for line in payload_lines {
+        if line.contains(&b':') {
+            return Err(malformed_payload(
+                "PEM headers are not allowed in a CERTIFICATE block",
+            ));
+        }
+        if line.iter().any(u8::is_ascii_whitespace) {
+            payload.extend(line.iter().filter(|b| !b.is_ascii_whitespace()));
+        } else {
+            payload.extend_from_slice(line);
+        }
+    }
+    let der = STANDARD
+        .decode(&payload)
+        .map_err(|_| malformed_payload("the base64 payload does not decode"))?;
+    if der.is_empty() {
+        return Err(malformed_payload("the block is empty"));
+    }
+    Certificate::from_der(&der).map_err(|error| Rejection::UnparsableCertificate {
         block: block.index,
         line: block.line,
         error,
@@ -222,10 +252,6 @@ fn malformed(block: usize, line: usize, problem: &str) -> Rejection {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 /// The label of a well-formed armor line `-----BEGIN LABEL-----`, made printable.
 fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
     let inner = line.strip_prefix(prefix)?.strip_suffix(DASHES)?;
@@ -236,16 +262,6 @@ fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
         return None;
     }
     Some(String::from_utf8_lossy(inner).into_owned())
-}
-
-/// `pem`'s errors can quote the offending text; keep only what kind of error it was.
-fn describe_pem_error(e: &pem::PemError) -> String {
-    match e {
-        pem::PemError::InvalidData(_) => "the base64 payload does not decode".to_string(),
-        pem::PemError::InvalidHeader(_) => "a PEM header line is malformed".to_string(),
-        pem::PemError::NotUtf8(_) => "the block is not valid UTF-8 text".to_string(),
-        _ => "the block does not decode as PEM".to_string(),
-    }
 }
 
 /// Everything readable in an input that may be broken: the certificates that decode and
@@ -283,13 +299,17 @@ mod tests {
     fn text_without_blocks_has_no_certificate() {
         assert_eq!(reject(""), Rejection::NoCertificate);
         assert_eq!(reject("hello\nworld\n"), Rejection::NoCertificate);
-        assert_eq!(reject("---- not quite armor ----\n"), Rejection::NoCertificate);
+        assert_eq!(
+            reject("---- not quite armor ----\n"),
+            Rejection::NoCertificate
+        );
     }
 
     #[test]
     fn a_private_key_is_refused_without_decoding_it() {
         // The payload is not even base64: the label alone decides, and nothing is echoed.
-        let input = "-----BEGIN EC PRIVATE KEY-----\nsecret-material\n-----END EC PRIVATE KEY-----\n";
+        let input =
+            "-----BEGIN EC PRIVATE KEY-----\nsecret-material\n-----END EC PRIVATE KEY-----\n";
         let rejection = reject(input);
         assert_eq!(rejection.reason(), "private_key");
         assert!(!rejection.to_string().contains("secret-material"));
@@ -298,20 +318,42 @@ mod tests {
 
     #[test]
     fn other_labels_are_not_certificates() {
-        let input = "-----BEGIN TRUSTED CERTIFICATE-----\nMAA=\n-----END TRUSTED CERTIFICATE-----\n";
+        let input =
+            "-----BEGIN TRUSTED CERTIFICATE-----\nMAA=\n-----END TRUSTED CERTIFICATE-----\n";
         assert_eq!(reject(input).reason(), "not_certificate");
     }
 
     #[test]
     fn framing_errors_name_block_and_line() {
         let cases = [
-            ("x\n-----BEGIN CERTIFICATE-----\nMAA=\n", "PEM block 1 (line 2): no END line: the content is truncated"),
-            ("-----END CERTIFICATE-----\n", "PEM block 1 (line 1): an END line with no BEGIN line before it"),
-            ("-----BEGIN CERTIFICATE-----\nMAA=\n-----BEGIN CERTIFICATE-----\n", "PEM block 1 (line 1): no END line before the next BEGIN at line 3"),
-            ("-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERT", "PEM block 1 (line 1): the END line at line 3 is cut short"),
-            ("-----BEGIN CERTIFICATE-----\nMAA=\n-----END X509 CRL-----\n", "PEM block 1 (line 1): BEGIN CERTIFICATE is closed by END X509 CRL"),
-            ("-----BEGIN CERT", "PEM block 1 (line 1): the BEGIN line is cut short or has text around it"),
-            ("-----BE", "PEM block 1 (line 1): a line starting with ----- is not a complete BEGIN or END line"),
+            (
+                "x\n-----BEGIN CERTIFICATE-----\nMAA=\n",
+                "PEM block 1 (line 2): no END line: the content is truncated",
+            ),
+            (
+                "-----END CERTIFICATE-----\n",
+                "PEM block 1 (line 1): an END line with no BEGIN line before it",
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\nMAA=\n-----BEGIN CERTIFICATE-----\n",
+                "PEM block 1 (line 1): no END line before the next BEGIN at line 3",
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERT",
+                "PEM block 1 (line 1): the END line at line 3 is cut short",
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\nMAA=\n-----END X509 CRL-----\n",
+                "PEM block 1 (line 1): BEGIN CERTIFICATE is closed by END X509 CRL",
+            ),
+            (
+                "-----BEGIN CERT",
+                "PEM block 1 (line 1): the BEGIN line is cut short or has text around it",
+            ),
+            (
+                "-----BE",
+                "PEM block 1 (line 1): a line starting with ----- is not a complete BEGIN or END line",
+            ),
         ];
         for (input, message) in cases {
             assert_eq!(reject(input).to_string(), message, "{input:?}");
@@ -338,7 +380,10 @@ mod tests {
         let input = vec![b'a'; MAX_SOURCE_BYTES + 1];
         assert_eq!(
             parse_source(&input).unwrap_err(),
-            Rejection::TooLarge { size: MAX_SOURCE_BYTES + 1, limit: MAX_SOURCE_BYTES }
+            Rejection::TooLarge {
+                size: MAX_SOURCE_BYTES + 1,
+                limit: MAX_SOURCE_BYTES
+            }
         );
     }
 

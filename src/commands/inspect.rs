@@ -74,8 +74,14 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
     let scan = scan(&input);
     let problems: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
     if scan.certificates.is_empty() {
-        let why = problems.first().map_or("no CERTIFICATE block found".to_string(), Clone::clone);
-        return Err(UsageError(format!("{}: holds no certificate: {why}", args.path.display())).into());
+        let why = problems
+            .first()
+            .map_or("no CERTIFICATE block found".to_string(), Clone::clone);
+        return Err(UsageError(format!(
+            "{}: holds no certificate: {why}",
+            args.path.display()
+        ))
+        .into());
     }
     let rows: Vec<Row> = scan
         .certificates
@@ -112,7 +118,11 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
             }
         }
     }
-    Ok(if all_valid { Exit::Success } else { Exit::Failure })
+    Ok(if all_valid {
+        Exit::Success
+    } else {
+        Exit::Failure
+    })
 }
 
 fn read_input(path: &Path) -> Result<Vec<u8>, UsageError> {
@@ -127,7 +137,16 @@ fn read_input(path: &Path) -> Result<Vec<u8>, UsageError> {
 }
 
 fn table(rows: &[Row]) -> String {
-    let header = ["SUBJECT", "ISSUER", "SERIAL", "SHA-256", "NOT BEFORE (UTC)", "NOT AFTER (UTC)", "TIME LEFT", "STATUS"];
+    let header = [
+        "SUBJECT",
+        "ISSUER",
+        "SERIAL",
+        "SHA-256",
+        "NOT BEFORE (UTC)",
+        "NOT AFTER (UTC)",
+        "TIME LEFT",
+        "STATUS",
+    ];
     let cells: Vec<[String; 8]> = rows
         .iter()
         .map(|r| {
@@ -140,8 +159,14 @@ fn table(rows: &[Row]) -> String {
                 name(&r.issuer_cn, &r.issuer_o),
                 shorten(&r.serial, 20),
                 format!("{}…", &r.sha256[..12]),
-                r.not_before.replace('T', " ").trim_end_matches('Z').to_string(),
-                r.not_after.replace('T', " ").trim_end_matches('Z').to_string(),
+                r.not_before
+                    .replace('T', " ")
+                    .trim_end_matches('Z')
+                    .to_string(),
+                r.not_after
+                    .replace('T', " ")
+                    .trim_end_matches('Z')
+                    .to_string(),
                 human_span(r.seconds_left),
                 status,
             ]

@@ -27,7 +27,11 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let sources = read_sources(&common.sources)?;
     let on_disk = writer.read_current()?;
     let policy = Policy {
-        retain_removed: common.retain_removed.as_secs().try_into().unwrap_or(i64::MAX),
+        retain_removed: common
+            .retain_removed
+            .as_secs()
+            .try_into()
+            .unwrap_or(i64::MAX),
         drop_expired: common.drop_expired,
     };
     let previous = if policy.retain_removed > 0 {
@@ -60,10 +64,10 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     }
     let sha256 = bundle::Fingerprint::of(&rendered).to_hex();
     let outcome = writer.write(&rendered, now)?;
-    if policy.retain_removed > 0 {
-        if let Err(e) = state.save_retention(&built.memory) {
-            tracing::warn!(error = %e, "cannot save the retention memory");
-        }
+    if policy.retain_removed > 0
+        && let Err(e) = state.save_retention(&built.memory)
+    {
+        tracing::warn!(error = %e, "cannot save the retention memory");
     }
     if let Err(e) = state.save_managed_files(&common.bundle, &sha256) {
         tracing::warn!(error = %e, "cannot write managed-files.json");
@@ -78,7 +82,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
         Outcome::Replaced { previous } => {
             let old = previous
                 .as_deref()
-                .map(|b| old_certificates(b))
+                .map(old_certificates)
                 .unwrap_or_default();
             let diff = bundle::diff(&old, built.bundle.certificates());
             tracing::info!(
@@ -146,7 +150,11 @@ fn remembered(state: &StateDir, on_disk: Option<&[u8]>) -> Vec<Remembered> {
 
 /// Whatever certificates can be read from the file on disk, even if it is damaged.
 fn old_certificates(bytes: &[u8]) -> Vec<bundle::Certificate> {
-    scan(bytes).certificates.into_iter().map(|(_, c)| c).collect()
+    scan(bytes)
+        .certificates
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect()
 }
 
 fn print_plan(path: &Path, on_disk: Option<&[u8]>, new: &Bundle, rendered: &[u8]) {
@@ -165,9 +173,15 @@ fn print_plan(path: &Path, on_disk: Option<&[u8]>, new: &Bundle, rendered: &[u8]
     let path = path.display();
     match on_disk {
         Some(bytes) if bytes == rendered => {
-            println!("{path} is in sync ({} certificates); nothing would change", new.len())
+            println!(
+                "{path} is in sync ({} certificates); nothing would change",
+                new.len()
+            )
         }
-        None => println!("{path} does not exist; it would be created with {} certificates", new.len()),
+        None => println!(
+            "{path} does not exist; it would be created with {} certificates",
+            new.len()
+        ),
         Some(_) if diff.added.is_empty() && diff.removed.is_empty() => println!(
             "{path} would change: same {} certificates, rewritten in standard form",
             new.len()
@@ -195,6 +209,8 @@ fn run_exec_on_change(command: &[String], bundle: &Path) {
         Ok(status) => {
             tracing::warn!(command = %command[0], %status, "exec-on-change command failed")
         }
-        Err(e) => tracing::warn!(command = %command[0], error = %e, "exec-on-change command could not start"),
+        Err(e) => {
+            tracing::warn!(command = %command[0], error = %e, "exec-on-change command could not start")
+        }
     }
 }

@@ -35,7 +35,10 @@ pub fn dir_members(spec: &str, dir: &Path) -> Result<Vec<PathBuf>, SourceError> 
     let mut files = Vec::new();
     for entry in fs::read_dir(dir).map_err(unreadable)? {
         let path = entry.map_err(unreadable)?.path();
-        let wanted = matches!(path.extension().and_then(|e| e.to_str()), Some("crt" | "pem"));
+        let wanted = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("crt" | "pem")
+        );
         // fs::metadata follows symlinks: a projected ConfigMap volume is all symlinks.
         if wanted && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
             files.push(path);
@@ -83,7 +86,9 @@ fn read_limited(spec: &str, path: &Path, limit: usize) -> Result<Vec<u8>, Source
         .read_to_end(&mut bytes)
         .map_err(unreadable)?;
     if bytes.len() > limit {
-        let size = fs::metadata(path).map(|m| m.len() as usize).unwrap_or(bytes.len());
+        let size = fs::metadata(path)
+            .map(|m| m.len() as usize)
+            .unwrap_or(bytes.len());
         return Err(SourceError::Rejected {
             spec: spec.to_string(),
             file: Some(path.to_path_buf()),

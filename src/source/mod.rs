@@ -55,7 +55,8 @@ pub struct SpecError {
     pub problem: String,
 }
 
-const SPEC_FORMS: &str = "expected configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME, file:PATH or dir:PATH";
+const SPEC_FORMS: &str =
+    "expected configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME, file:PATH or dir:PATH";
 
 impl FromStr for SourceSpec {
     type Err = SpecError;
@@ -171,7 +172,9 @@ fn check_dns_label(what: &str, value: &str) -> Result<(), String> {
         && !value.starts_with('-')
         && !value.ends_with('-');
     ok.then_some(()).ok_or_else(|| {
-        format!("{what} {value:?} is not a valid name (lower-case letters, digits and '-', at most 63)")
+        format!(
+            "{what} {value:?} is not a valid name (lower-case letters, digits and '-', at most 63)"
+        )
     })
 }
 
@@ -179,7 +182,9 @@ fn check_dns_label(what: &str, value: &str) -> Result<(), String> {
 fn check_dns_subdomain(what: &str, value: &str) -> Result<(), String> {
     let ok = !value.is_empty()
         && value.len() <= 253
-        && value.split('.').all(|label| check_dns_label(what, label).is_ok());
+        && value
+            .split('.')
+            .all(|label| check_dns_label(what, label).is_ok());
     ok.then_some(()).ok_or_else(|| {
         format!("{what} {value:?} is not a valid name (lower-case letters, digits, '-' and '.', at most 253)")
     })

@@ -3,8 +3,8 @@
 use std::process::Command;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SignatureAlgorithm,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SignatureAlgorithm,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -31,7 +31,13 @@ fn key_pair(algorithm: Algorithm) -> KeyPair {
         Algorithm::Rsa => {
             // ring signs with RSA but does not generate RSA keys: openssl makes the key.
             let out = Command::new("openssl")
-                .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+                .args([
+                    "genpkey",
+                    "-algorithm",
+                    "RSA",
+                    "-pkeyopt",
+                    "rsa_keygen_bits:2048",
+                ])
                 .output()
                 .expect("openssl genpkey");
             assert!(out.status.success(), "openssl genpkey failed");
