@@ -3,6 +3,7 @@
 //! binary in a scratch directory.
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod pki;
 
 use std::fs;

@@ -1,0 +1,1 @@
+//! Placeholder: a local kube-apiserver for tests is being written here.
