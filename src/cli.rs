@@ -27,6 +27,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the daemon: watch the sources and the file, keep the bundle converged.
+    #[command(
+        long_about = "Run the daemon: watch the sources and the file, and keep the bundle converged.\n\n\
+                      Writes the bundle within a second of a source change, repairs the file when \
+                      something else changes or deletes it, keeps the last good bundle while a source \
+                      is unreachable or invalid, and serves /metrics, /healthz, /livez and /readyz on \
+                      --listen. Speaks the systemd notify protocol (READY=1, STATUS=, WATCHDOG=1). \
+                      SIGTERM or SIGINT finishes a write in progress, then exits 0."
+    )]
+    Run(RunArgs),
     /// Build the bundle from the sources once, write it if it changed, and exit.
     #[command(
         long_about = "Build the bundle from the sources once, write it if it changed, and exit.\n\n\
@@ -109,6 +119,43 @@ pub struct CommonArgs {
     /// bundle, with KUBELET_CA_BUNDLE set to its path. Failures are logged, not retried.
     #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE", value_parser = parse_command)]
     pub exec_on_change: Option<ExecCommand>,
+}
+
+impl CommonArgs {
+    /// The merge policy these flags ask for.
+    pub fn policy(&self) -> crate::bundle::Policy {
+        crate::bundle::Policy {
+            retain_removed: self.retain_removed.as_secs().try_into().unwrap_or(i64::MAX),
+            drop_expired: self.drop_expired,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// The HTTP endpoint for metrics and health (`run`, and later `publish`).
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Address and port for /metrics, /healthz, /livez and /readyz.
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        env = "KUBELET_CA_AGENT_LISTEN",
+        default_value = "127.0.0.1:9745"
+    )]
+    pub listen: std::net::SocketAddr,
+    /// Serve /metrics without TLS or authentication; only allowed on a loopback address.
+    #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS")]
+    pub insecure_metrics: bool,
+    /// This node's name, shown in logs and as the `node` label of kubelet_ca_agent_build_info.
+    #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_NODE_NAME")]
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -6,10 +6,16 @@
 pub mod bundle;
 pub mod cli;
 pub mod commands;
+pub mod daemon;
 pub mod error;
+pub mod exec;
 pub mod logging;
+pub mod metrics;
+pub mod server;
 pub mod source;
 pub mod state;
+pub mod systemd;
+pub mod target;
 pub mod writer;
 
 use clap::Parser;
@@ -30,6 +36,7 @@ pub fn run() -> anyhow::Result<Exit> {
     };
     logging::init(cli.log.log_format, &cli.log.log_level)?;
     match cli.command {
+        Command::Run(args) => daemon::run(args),
         Command::Sync(args) => commands::sync::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Version => Ok(commands::version()),

@@ -386,8 +386,10 @@ fn usage_errors_exit_2_and_name_the_problem() {
             vec![
                 "--source",
                 "configmap:openshift-config-managed/kube-apiserver-client-ca",
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
             ],
-            "not available",
+            "/nonexistent/kubeconfig",
         ),
     ] {
         let out = node.sync(&[], &args);

@@ -5,22 +5,25 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{SourceError, SourceSpec};
-use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates, parse_source};
+use super::{SourceError, SourceSpec, parse_parts};
+use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates};
 
 /// Reads and validates a local source. Panics if `spec` is a cluster source.
 pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
     let name = spec.to_string();
     match spec {
         SourceSpec::File(path) => {
-            let bytes = read_limited(&name, path, MAX_SOURCE_BYTES)?;
-            parse_source(&bytes).map_err(|rejection| SourceError::Rejected {
-                spec: name,
-                file: None,
-                rejection,
-            })
+            let bytes = read_limited(&name, path)?;
+            parse_parts(&name, [(None, bytes.as_slice())])
         }
-        SourceSpec::Dir(dir) => load_dir(&name, dir),
+        SourceSpec::Dir(dir) => {
+            let mut files = Vec::new();
+            for path in dir_members(&name, dir)? {
+                let bytes = read_limited(&name, &path)?;
+                files.push((Some(path.display().to_string()), bytes));
+            }
+            parse_parts(&name, files.iter().map(|(p, b)| (p.clone(), b.as_slice())))
+        }
         _ => panic!("local::load called for cluster source {name}"),
     }
 }
@@ -48,33 +51,9 @@ pub fn dir_members(spec: &str, dir: &Path) -> Result<Vec<PathBuf>, SourceError> 
     Ok(files)
 }
 
-fn load_dir(spec: &str, dir: &Path) -> Result<SourceCertificates, SourceError> {
-    let files = dir_members(spec, dir)?;
-    if files.is_empty() {
-        return Err(SourceError::Rejected {
-            spec: spec.to_string(),
-            file: None,
-            rejection: Rejection::NoCertificate,
-        });
-    }
-    let mut merged = SourceCertificates::default();
-    let mut budget = MAX_SOURCE_BYTES;
-    for file in files {
-        let bytes = read_limited(spec, &file, budget)?;
-        budget -= bytes.len();
-        let parsed = parse_source(&bytes).map_err(|rejection| SourceError::Rejected {
-            spec: spec.to_string(),
-            file: Some(file.clone()),
-            rejection,
-        })?;
-        merged.certificates.extend(parsed.certificates);
-        merged.not_ca.extend(parsed.not_ca);
-    }
-    Ok(merged)
-}
-
-/// Reads at most `limit` bytes; more is a `TooLarge` rejection, found without reading it all.
-fn read_limited(spec: &str, path: &Path, limit: usize) -> Result<Vec<u8>, SourceError> {
+/// Reads a file, but no more than a source may hold: more is a `TooLarge` rejection,
+/// found without reading it all.
+fn read_limited(spec: &str, path: &Path) -> Result<Vec<u8>, SourceError> {
     let unreadable = |error| SourceError::Unreadable {
         spec: spec.to_string(),
         path: path.to_path_buf(),
@@ -82,16 +61,14 @@ fn read_limited(spec: &str, path: &Path, limit: usize) -> Result<Vec<u8>, Source
     };
     let file = fs::File::open(path).map_err(unreadable)?;
     let mut bytes = Vec::new();
-    file.take(limit as u64 + 1)
+    file.take(MAX_SOURCE_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
         .map_err(unreadable)?;
-    if bytes.len() > limit {
-        let size = fs::metadata(path)
-            .map(|m| m.len() as usize)
-            .unwrap_or(bytes.len());
+    if bytes.len() > MAX_SOURCE_BYTES {
+        let size = fs::metadata(path).map_or(bytes.len(), |m| m.len() as usize);
         return Err(SourceError::Rejected {
             spec: spec.to_string(),
-            file: Some(path.to_path_buf()),
+            part: Some(path.display().to_string()),
             rejection: Rejection::TooLarge {
                 size,
                 limit: MAX_SOURCE_BYTES,

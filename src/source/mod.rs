@@ -2,13 +2,14 @@
 //! sources `file:` and `dir:`. Cluster sources (`configmap:`, `controllerconfig:`) are
 //! parsed and validated here too; reading them lives with the cluster client.
 
+pub mod cluster;
 pub mod local;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::bundle::Rejection;
+use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates, parse_source};
 
 /// The ConfigMap key used when a `configmap:` spec names none.
 pub const DEFAULT_CONFIGMAP_KEY: &str = "ca-bundle.crt";
@@ -130,6 +131,7 @@ impl fmt::Display for SourceSpec {
 }
 
 /// Why a source could not be used this time. The last good content of the source is kept.
+/// No variant carries source content: every one is safe to log.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     #[error("source {spec}: cannot read {path}: {error}")]
@@ -138,18 +140,34 @@ pub enum SourceError {
         path: PathBuf,
         error: std::io::Error,
     },
-    #[error("source {spec}: rejected{}: {rejection}", in_file(.file))]
+    #[error("source {spec}: rejected{}: {rejection}", in_part(.part))]
     Rejected {
         spec: String,
-        file: Option<PathBuf>,
+        /// Which part of the source: a file of a `dir:` source, a key of a ConfigMap.
+        part: Option<String>,
         rejection: Rejection,
+    },
+    /// The object is there but not in the expected shape (a missing key, bad base64).
+    #[error("source {spec}: {problem}")]
+    Invalid {
+        spec: String,
+        reason: &'static str,
+        problem: String,
+    },
+    /// The object does not exist, or was deleted.
+    #[error("source {spec}: the object does not exist (deleted, or not created yet)")]
+    NotFound { spec: String },
+    /// The API server could not be asked, or refused.
+    #[error("source {spec}: {error}")]
+    Cluster {
+        spec: String,
+        reason: &'static str,
+        error: String,
     },
 }
 
-fn in_file(file: &Option<PathBuf>) -> String {
-    file.as_ref()
-        .map(|f| format!(" ({})", f.display()))
-        .unwrap_or_default()
+fn in_part(part: &Option<String>) -> String {
+    part.as_ref().map(|p| format!(" ({p})")).unwrap_or_default()
 }
 
 impl SourceError {
@@ -158,8 +176,49 @@ impl SourceError {
         match self {
             SourceError::Unreadable { .. } => "unreadable",
             SourceError::Rejected { rejection, .. } => rejection.reason(),
+            SourceError::Invalid { reason, .. } | SourceError::Cluster { reason, .. } => reason,
+            SourceError::NotFound { .. } => "not_found",
         }
     }
+}
+
+/// Parses a source made of several parts (the files of a `dir:` source, the keys of a
+/// ConfigMap), in order, as one source: accepted whole or rejected whole, the size limit
+/// applying to the sum, and at least one certificate needed in all.
+pub fn parse_parts<'a>(
+    spec: &str,
+    parts: impl IntoIterator<Item = (Option<String>, &'a [u8])>,
+) -> Result<SourceCertificates, SourceError> {
+    let rejected = |part: Option<String>, rejection| SourceError::Rejected {
+        spec: spec.to_string(),
+        part,
+        rejection,
+    };
+    let mut merged = SourceCertificates::default();
+    let mut total = 0;
+    for (part, bytes) in parts {
+        total += bytes.len();
+        if total > MAX_SOURCE_BYTES {
+            let rejection = Rejection::TooLarge {
+                size: total,
+                limit: MAX_SOURCE_BYTES,
+            };
+            return Err(rejected(part, rejection));
+        }
+        match parse_source(bytes) {
+            Ok(parsed) => {
+                merged.certificates.extend(parsed.certificates);
+                merged.not_ca.extend(parsed.not_ca);
+            }
+            // An empty part among others is fine; the source as a whole needs a certificate.
+            Err(Rejection::NoCertificate) => {}
+            Err(rejection) => return Err(rejected(part, rejection)),
+        }
+    }
+    if merged.certificates.is_empty() && merged.not_ca.is_empty() {
+        return Err(rejected(None, Rejection::NoCertificate));
+    }
+    Ok(merged)
 }
 
 /// RFC 1123 label, as Kubernetes requires of namespaces.

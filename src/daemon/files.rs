@@ -1,0 +1,87 @@
+//! Change notifications for the files the daemon cares about, through inotify: the managed
+//! bundle (drift) and the `file:` and `dir:` sources. Directories are watched, not files,
+//! so that a rename over a file, a delete and re-create, or a projected volume swapping its
+//! `..data` link are all seen.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use notify::event::{AccessKind, AccessMode, EventKind};
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::source::SourceSpec;
+use crate::writer::atomic::parent_dir;
+
+/// Something changed on disk that the loop should look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsEvent {
+    /// The managed bundle was written, replaced, changed or deleted.
+    Bundle,
+    /// A local source (by position in `--source` order) may have changed.
+    Source(usize),
+}
+
+/// Starts watching; events arrive on `events` until the returned watcher is dropped.
+pub fn watch(
+    bundle: &Path,
+    sources: &[SourceSpec],
+    events: UnboundedSender<FsEvent>,
+) -> notify::Result<RecommendedWatcher> {
+    let bundle = bundle.to_path_buf();
+    let bundle_dir = parent_dir(&bundle);
+    // For each local source, the directory whose entries concern it.
+    let source_dirs: Vec<(usize, PathBuf)> = sources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, spec)| match spec {
+            SourceSpec::File(path) => Some((i, parent_dir(path))),
+            SourceSpec::Dir(dir) => Some((i, dir.clone())),
+            _ => None,
+        })
+        .collect();
+    let our_temp_prefix = format!(
+        ".{}.kubelet-ca-agent-tmp.",
+        bundle.file_name().unwrap_or_default().to_string_lossy()
+    );
+
+    let handler = {
+        let (bundle, bundle_dir, source_dirs) =
+            (bundle.clone(), bundle_dir.clone(), source_dirs.clone());
+        move |result: notify::Result<notify::Event>| {
+            let Ok(event) = result else { return };
+            // Reads (our own included) must not wake the loop, or it would chase itself.
+            if let EventKind::Access(kind) = event.kind
+                && kind != AccessKind::Close(AccessMode::Write)
+            {
+                return;
+            }
+            for path in &event.paths {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                if name.starts_with(&our_temp_prefix) {
+                    continue;
+                }
+                let dir = parent_dir(path);
+                if path == &bundle
+                    || (dir == bundle_dir
+                        && name == bundle.file_name().unwrap_or_default().to_string_lossy())
+                {
+                    let _ = events.send(FsEvent::Bundle);
+                }
+                for (index, source_dir) in &source_dirs {
+                    if &dir == source_dir {
+                        let _ = events.send(FsEvent::Source(*index));
+                    }
+                }
+            }
+        }
+    };
+    let mut watcher = notify::recommended_watcher(handler)?;
+    let dirs: BTreeSet<PathBuf> = std::iter::once(bundle_dir)
+        .chain(source_dirs.into_iter().map(|(_, d)| d))
+        .collect();
+    for dir in dirs {
+        watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    }
+    Ok(watcher)
+}

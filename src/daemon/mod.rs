@@ -1,0 +1,116 @@
+//! `run`: the node daemon. One reconciliation loop owns all state; the cluster watches,
+//! the inotify watcher, the HTTP server and the signal handlers talk to it through
+//! channels (the shape of tokio's mini-redis).
+
+pub mod files;
+pub mod reconciler;
+pub mod status;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::sync::{mpsc, watch};
+
+use crate::cli::RunArgs;
+use crate::error::{Exit, UsageError};
+use crate::metrics::{self, Metrics};
+use crate::server;
+use crate::source::cluster;
+use reconciler::{Inputs, Reconciler};
+
+pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
+    check_listen(&args)?;
+    // One crypto provider for the whole process: ring, the one kube-rs is built with.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run_async(args))
+}
+
+fn check_listen(args: &RunArgs) -> Result<(), UsageError> {
+    let listen = args.server.listen;
+    if !listen.ip().is_loopback() {
+        let why = if args.server.insecure_metrics {
+            "--insecure-metrics is only allowed on a loopback address"
+        } else {
+            "serving on a non-loopback address needs TLS, which this version does not have yet; use a loopback address"
+        };
+        return Err(UsageError(format!("--listen {listen}: {why}")));
+    }
+    Ok(())
+}
+
+async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
+    let node = args.server.node_name.clone();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        node = node.as_deref().unwrap_or("-"),
+        bundle = %args.common.bundle.display(),
+        sources = %args.common.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        "starting"
+    );
+    let metrics = Arc::new(Metrics::default());
+    let (status_tx, status_rx) = watch::channel(Arc::default());
+    let (ping_tx, ping_rx) = mpsc::channel(16);
+    let (update_tx, update_rx) = mpsc::unbounded_channel();
+    let (fs_tx, fs_rx) = mpsc::unbounded_channel();
+
+    // Listen first: a port in use is a configuration error, and health answers early.
+    let listener = bind(args.server.listen).await?;
+    let registry = metrics::registry(metrics.clone(), status_rx.clone(), node.as_deref());
+    let router = server::router(status_rx, registry, ping_tx, args.server.insecure_metrics);
+    tokio::spawn(server::serve(listener, router));
+
+    let _fs_watcher =
+        files::watch(&args.common.bundle, &args.common.sources, fs_tx).with_context(|| {
+            format!(
+                "cannot watch the directory of {} or of the local sources",
+                args.common.bundle.display()
+            )
+        })?;
+
+    let mut reconciler = Reconciler::new(&args.common, metrics, status_tx);
+    // Adopt what is on disk and read the local sources before any API call: a valid file
+    // makes the agent ready at once, whether or not the cluster answers.
+    reconciler.start();
+
+    if args.common.sources.iter().any(|s| s.is_cluster()) {
+        // Building the client reads configuration only; it does not call the API server.
+        let client = cluster::client(args.common.kubeconfig.as_deref())
+            .await
+            .map_err(|e| UsageError(format!("{e:#}")))?;
+        for (index, spec) in args
+            .common
+            .sources
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_cluster())
+        {
+            tokio::spawn(cluster::watch(
+                client.clone(),
+                index,
+                spec.clone(),
+                update_tx.clone(),
+            ));
+        }
+    }
+    drop(update_tx);
+
+    reconciler
+        .run(Inputs {
+            updates: update_rx,
+            files: fs_rx,
+            pings: ping_rx,
+        })
+        .await?;
+    Ok(Exit::Success)
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| UsageError(format!("--listen {addr}: cannot listen: {e}")).into())
+}

@@ -1,0 +1,607 @@
+//! The reconciliation loop: the one owner of the agent's state. Each input (a source
+//! update, a change on disk, a timer, a signal) updates that state, and each pass then
+//! brings the file in line with the sources, publishing the outcome for health, metrics
+//! and systemd.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use time::OffsetDateTime;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+use tokio::time::sleep_until;
+
+use super::files::FsEvent;
+use super::status::{SourceStatus, Status};
+use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
+use crate::cli::{CommonArgs, ExecCommand};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceLabels, SourceReasonLabels};
+use crate::server::Ping;
+use crate::source::cluster::{SourceEvent, Update};
+use crate::source::{SourceError, SourceSpec, local};
+use crate::systemd::Notifier;
+use crate::target::Target;
+
+/// How long a burst of inotify events on a local source is allowed to settle before the
+/// source is read, so that a file being written in place is read once, complete.
+const SOURCE_SETTLE: Duration = Duration::from_millis(20);
+/// The same for the managed file: a writer's create+write+close arrive as one change.
+const BUNDLE_SETTLE: Duration = Duration::from_millis(5);
+/// Repairs of a file that something keeps changing back: the delay after the n-th repair
+/// in a row is 250 ms * 2^n, capped here (SPEC 6). A lone repair is immediate.
+const REPAIR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Failed writes (disk full, read-only, permissions) are retried from 1 s up to 5 minutes.
+const WRITE_RETRY_FIRST: Duration = Duration::from_secs(1);
+const REPAIR_FIRST: Duration = Duration::from_millis(250);
+/// A quiet spell this long ends a streak of repairs.
+const REPAIR_STREAK_RESET: Duration = Duration::from_secs(600);
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(300);
+/// Certificate boundaries are re-checked at least this often, in case the clock jumps.
+const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
+
+/// The channels the loop reads.
+pub struct Inputs {
+    pub updates: mpsc::UnboundedReceiver<Update>,
+    pub files: mpsc::UnboundedReceiver<FsEvent>,
+    pub pings: mpsc::Receiver<Ping>,
+}
+
+/// What the loop knows about one source.
+struct Slot {
+    spec: SourceSpec,
+    name: String,
+    /// The last good content: what the bundle is built from, kept while the source fails.
+    content: Option<SourceCertificates>,
+    up: bool,
+    problem: Option<String>,
+    last_change: Option<f64>,
+    /// For a local source: read again at this instant (inotify events settle first).
+    read_at: Option<Instant>,
+}
+
+/// The bundle built from the sources, ready to compare with the file.
+struct Desired {
+    built: Built,
+    rendered: Vec<u8>,
+}
+
+/// A delay that doubles on every use in a row, up to a cap.
+#[derive(Debug, Default)]
+struct Backoff {
+    /// Not before this instant.
+    until: Option<Instant>,
+    /// How many times in a row it was applied.
+    streak: u32,
+    last: Option<Instant>,
+}
+
+impl Backoff {
+    fn blocked(&self, now: Instant) -> bool {
+        self.until.is_some_and(|t| now < t)
+    }
+
+    /// Records one more use at `now` and sets the next allowed instant.
+    fn step(&mut self, now: Instant, first: Duration, cap: Duration, reset_after: Duration) {
+        let recent = self
+            .last
+            .is_some_and(|l| now.duration_since(l) < reset_after);
+        self.streak = if recent { self.streak + 1 } else { 0 };
+        self.last = Some(now);
+        let delay = (first * (1u32 << self.streak.min(16))).min(cap);
+        self.until = Some(now + delay);
+    }
+
+    fn clear(&mut self) {
+        *self = Backoff::default();
+    }
+}
+
+pub struct Reconciler {
+    target: Target,
+    slots: Vec<Slot>,
+    policy: Policy,
+    exec: Option<ExecCommand>,
+    memory: Vec<Remembered>,
+    desired: Option<Desired>,
+    /// SHA-256 of the bundle this agent last wrote or found in place and in sync.
+    last_written: Option<Fingerprint>,
+    /// When the oldest source change not yet on disk arrived.
+    pending_since: Option<Instant>,
+    /// The file was reported changed: look at it at this instant.
+    recheck_at: Option<Instant>,
+    repair: Backoff,
+    write_retry: Backoff,
+    /// The last build failure, so that it is logged and counted once.
+    build_problem: Option<String>,
+    metrics: Arc<Metrics>,
+    file: FileLabels,
+    status: watch::Sender<Arc<Status>>,
+    notifier: Notifier,
+    last_sync: Option<f64>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl Reconciler {
+    pub fn new(
+        common: &CommonArgs,
+        metrics: Arc<Metrics>,
+        status: watch::Sender<Arc<Status>>,
+    ) -> Self {
+        let slots = common
+            .sources
+            .iter()
+            .map(|spec| Slot {
+                spec: spec.clone(),
+                name: spec.to_string(),
+                content: None,
+                up: false,
+                problem: Some("not read yet".to_string()),
+                last_change: None,
+                read_at: None,
+            })
+            .collect();
+        Reconciler {
+            target: Target::new(common),
+            slots,
+            policy: common.policy(),
+            exec: common.exec_on_change.clone(),
+            memory: Vec::new(),
+            desired: None,
+            last_written: None,
+            pending_since: None,
+            recheck_at: None,
+            repair: Backoff::default(),
+            write_retry: Backoff::default(),
+            build_problem: None,
+            metrics,
+            file: FileLabels {
+                filepath: common.bundle.display().to_string(),
+            },
+            status,
+            notifier: Notifier::default(),
+            last_sync: None,
+        }
+    }
+
+    /// Adopts the file on disk, reads the local sources, and runs the first pass. No API
+    /// call happens here, so a valid file makes the agent ready at once.
+    pub fn start(&mut self) {
+        self.target.prepare();
+        let on_disk = self.target.writer().read_current().ok().flatten();
+        self.memory = self.target.remembered(on_disk.as_deref());
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            if !self.slots[index].spec.is_cluster() {
+                self.read_local(index, now);
+            }
+        }
+        self.reconcile();
+    }
+
+    /// The loop. Returns on SIGTERM or SIGINT, after the pass in progress.
+    pub async fn run(&mut self, mut inputs: Inputs) -> anyhow::Result<()> {
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let watchdog_every = Notifier::watchdog_interval();
+        let mut next_watchdog = watchdog_every.map(|every| Instant::now() + every);
+        let mut updates_open = true;
+        loop {
+            let now = Instant::now();
+            let boundary = self.next_boundary();
+            let deadline = [
+                Some(now + boundary),
+                self.recheck_at,
+                self.write_retry.until,
+                self.repair.until,
+                next_watchdog,
+            ]
+            .into_iter()
+            .chain(self.slots.iter().map(|s| s.read_at))
+            .flatten()
+            .min()
+            .expect("the boundary is always set");
+            tokio::select! {
+                update = inputs.updates.recv(), if updates_open => match update {
+                    Some(update) => self.on_update(update),
+                    None => updates_open = false,
+                },
+                Some(event) = inputs.files.recv() => self.on_file_event(event),
+                Some(ping) = inputs.pings.recv() => { let _ = ping.send(()); continue; }
+                _ = sleep_until(deadline.into()) => {}
+                _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
+                _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
+            }
+            // Drain whatever else is queued, so that a burst costs one pass.
+            while let Ok(update) = inputs.updates.try_recv() {
+                self.on_update(update);
+            }
+            while let Ok(event) = inputs.files.try_recv() {
+                self.on_file_event(event);
+            }
+            let now = Instant::now();
+            for index in 0..self.slots.len() {
+                if self.slots[index].read_at.is_some_and(|t| t <= now) {
+                    self.slots[index].read_at = None;
+                    self.read_local(index, now);
+                }
+            }
+            if self.recheck_at.is_some_and(|t| t <= now) {
+                self.recheck_at = None;
+            }
+            if let (Some(every), Some(at)) = (watchdog_every, next_watchdog)
+                && at <= now
+            {
+                self.notifier.watchdog();
+                next_watchdog = Some(now + every);
+            }
+            self.reconcile();
+        }
+        self.notifier.stopping();
+        Ok(())
+    }
+
+    fn on_file_event(&mut self, event: FsEvent) {
+        let at = Instant::now();
+        match event {
+            FsEvent::Bundle => {
+                self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+            }
+            FsEvent::Source(index) => {
+                self.slots[index].read_at.get_or_insert(at + SOURCE_SETTLE);
+            }
+        }
+    }
+
+    /// Reads a `file:` or `dir:` source now.
+    fn read_local(&mut self, index: usize, at: Instant) {
+        let event = match local::load(&self.slots[index].spec) {
+            Ok(content) => SourceEvent::Content(content),
+            Err(error) => SourceEvent::Failed(error),
+        };
+        self.on_update(Update { index, event, at });
+    }
+
+    fn on_update(&mut self, update: Update) {
+        let metrics = self.metrics.clone();
+        let slot = &mut self.slots[update.index];
+        let labels = |reason: &str| SourceReasonLabels {
+            source: slot.name.clone(),
+            reason: reason.to_string(),
+        };
+        match update.event {
+            SourceEvent::Content(content) => {
+                let changed = slot
+                    .content
+                    .as_ref()
+                    .is_none_or(|old| fingerprints(old) != fingerprints(&content));
+                if !slot.up {
+                    tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source is up");
+                }
+                slot.up = true;
+                slot.problem = None;
+                if changed {
+                    if !content.not_ca.is_empty() {
+                        let count = content.not_ca.len() as u64;
+                        metrics
+                            .rejected_certificates
+                            .get_or_create(&labels("not_ca"))
+                            .inc_by(count);
+                    }
+                    crate::commands::sync::warn_not_ca(&slot.spec, &content);
+                    tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source content changed");
+                    slot.content = Some(content);
+                    slot.last_change = Some(unix_now());
+                    self.pending_since.get_or_insert(update.at);
+                }
+            }
+            SourceEvent::Failed(error) => {
+                metrics
+                    .source_errors
+                    .get_or_create(&labels(error.reason()))
+                    .inc();
+                report(
+                    slot,
+                    &error,
+                    "source update rejected; keeping its last good content",
+                );
+            }
+            SourceEvent::WatchRestart(error) => {
+                metrics
+                    .source_errors
+                    .get_or_create(&labels(error.reason()))
+                    .inc();
+                metrics
+                    .watch_restarts
+                    .get_or_create(&SourceLabels {
+                        source: slot.name.clone(),
+                    })
+                    .inc();
+                report(
+                    slot,
+                    &error,
+                    "watch failed; retrying with backoff, keeping the last good content",
+                );
+            }
+        }
+    }
+
+    /// One pass: build the bundle from the last good content of every source and make the
+    /// file hold it, unless nothing valid can be built, a source has never been read, or a
+    /// backoff says wait. Then publish the state.
+    fn reconcile(&mut self) {
+        let now = OffsetDateTime::now_utc();
+        let on_disk = match self.target.writer().read_current() {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the bundle file");
+                None
+            }
+        };
+        let waiting: Vec<&str> = self
+            .slots
+            .iter()
+            .filter(|s| s.content.is_none())
+            .map(|s| s.name.as_str())
+            .collect();
+        if !waiting.is_empty() {
+            // Building from some sources only would drop the others' signers: keep the
+            // file (adopted, if valid) until each source has been read once.
+            self.desired = None;
+            self.publish(on_disk.as_deref(), None, None);
+            return;
+        }
+        let sources: Vec<SourceCertificates> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.content.clone())
+            .collect();
+        let built = match bundle::build(&sources, &self.memory, self.policy, now.unix_timestamp()) {
+            Ok(built) => built,
+            Err(e) => {
+                let problem = e.to_string();
+                if self.build_problem.as_ref() != Some(&problem) {
+                    tracing::error!(
+                        reason = bundle::NoValidCertificate::REASON,
+                        "{problem}; the file stays as it is"
+                    );
+                    self.count_sync_error(bundle::NoValidCertificate::REASON);
+                    self.build_problem = Some(problem.clone());
+                }
+                self.desired = None;
+                self.publish(on_disk.as_deref(), Some(false), Some(problem));
+                return;
+            }
+        };
+        self.build_problem = None;
+        let rendered = built.bundle.render();
+        let sha256 = Fingerprint::of(&rendered);
+        self.desired = Some(Desired { built, rendered });
+
+        if on_disk.as_deref() == self.desired.as_ref().map(|d| d.rendered.as_slice()) {
+            self.in_sync(sha256);
+            self.publish(on_disk.as_deref(), Some(true), None);
+            return;
+        }
+        let at = Instant::now();
+        // The sources have not changed since this bundle was written: someone else
+        // changed the file.
+        let repair = self.last_written == Some(sha256);
+        if repair && self.repair.blocked(at) {
+            self.publish(
+                on_disk.as_deref(),
+                Some(false),
+                Some("the file was changed by something else; repair is backing off".into()),
+            );
+            return;
+        }
+        if self.write_retry.blocked(at) {
+            self.publish(
+                on_disk.as_deref(),
+                Some(false),
+                Some("the last write failed; retrying with backoff".into()),
+            );
+            return;
+        }
+        let desired = self.desired.as_ref().expect("set above");
+        match self.target.apply(&desired.built, &desired.rendered, now) {
+            Ok(applied) => {
+                if applied.replaced {
+                    self.metrics.writes.get_or_create(&self.file).inc();
+                    if repair {
+                        self.metrics.repairs.get_or_create(&self.file).inc();
+                        self.repair
+                            .step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+                        tracing::warn!(bundle = %self.file.filepath, "repaired the bundle: something else had changed or removed it");
+                    } else if let Some(since) = self.pending_since {
+                        self.metrics
+                            .sync_duration
+                            .observe(since.elapsed().as_secs_f64());
+                    }
+                    self.run_exec_on_change();
+                }
+                self.write_retry.clear();
+                self.in_sync(sha256);
+                let rendered = self.desired.as_ref().map(|d| d.rendered.clone());
+                self.publish(rendered.as_deref(), Some(true), None);
+            }
+            Err(e) => {
+                self.count_sync_error(e.reason());
+                self.write_retry
+                    .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+                tracing::error!(reason = e.reason(), "{e}");
+                self.publish(on_disk.as_deref(), Some(false), Some(e.to_string()));
+            }
+        }
+    }
+
+    fn in_sync(&mut self, sha256: Fingerprint) {
+        self.last_written = Some(sha256);
+        self.pending_since = None;
+        self.last_sync = Some(unix_now());
+        if let Some(desired) = &self.desired {
+            self.memory = desired.built.memory.clone();
+        }
+    }
+
+    fn count_sync_error(&self, reason: &str) {
+        let labels = FileReasonLabels {
+            filepath: self.file.filepath.clone(),
+            reason: reason.to_string(),
+        };
+        self.metrics.sync_errors.get_or_create(&labels).inc();
+    }
+
+    /// Runs `--exec-on-change` on its own thread: a slow hook must not stall the loop.
+    fn run_exec_on_change(&self) {
+        if let Some(command) = self.exec.clone() {
+            let (metrics, path) = (self.metrics.clone(), self.target.path().to_path_buf());
+            std::thread::spawn(move || {
+                if !crate::exec::run(&command.0, &path) {
+                    metrics.exec_on_change_failures.inc();
+                }
+            });
+        }
+    }
+
+    /// Time until the next instant the bundle's validity can change: a certificate's
+    /// notBefore or notAfter, or a retained certificate's window ending.
+    fn next_boundary(&self) -> Duration {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let certificates = self
+            .slots
+            .iter()
+            .filter_map(|s| s.content.as_ref())
+            .flat_map(|c| c.certificates.iter());
+        let instants = certificates
+            .chain(self.memory.iter().map(|r| &r.certificate))
+            .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
+            .chain(
+                self.memory
+                    .iter()
+                    .filter_map(|r| Some(r.missing_since? + self.policy.retain_removed)),
+            );
+        let next = instants.filter(|&t| t > now).min();
+        next.map_or(BOUNDARY_RECHECK_MAX, |t| {
+            Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
+        })
+    }
+
+    /// Publishes the state of the file for health, metrics and systemd.
+    fn publish(
+        &mut self,
+        on_disk: Option<&[u8]>,
+        in_sync: Option<bool>,
+        sync_problem: Option<String>,
+    ) {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let (certificates, file_valid, file_problem) = match on_disk {
+            None => (
+                Vec::new(),
+                false,
+                Some("the file does not exist".to_string()),
+            ),
+            Some(bytes) => match bundle::parse_source(bytes) {
+                Ok(parsed) => {
+                    let valid = parsed.certificates.iter().any(|c| c.is_valid_at(now));
+                    let problem =
+                        (!valid).then(|| "no certificate in the file is valid now".to_string());
+                    (parsed.certificates, valid, problem)
+                }
+                Err(rejection) => (
+                    Vec::new(),
+                    false,
+                    Some(format!("the file is not a valid bundle: {rejection}")),
+                ),
+            },
+        };
+        if in_sync == Some(true) {
+            self.last_sync = Some(unix_now());
+        }
+        let status = Status {
+            bundle_path: self.file.filepath.clone(),
+            certificates,
+            sha256: on_disk.map(|b| Fingerprint::of(b).to_hex()),
+            file_valid,
+            file_problem,
+            in_sync,
+            sync_problem,
+            sources: self
+                .slots
+                .iter()
+                .map(|s| SourceStatus {
+                    spec: s.name.clone(),
+                    up: s.up,
+                    problem: s.problem.clone(),
+                    last_change: s.last_change,
+                })
+                .collect(),
+            last_sync: self.last_sync,
+        };
+        self.notifier.status(&status.summary());
+        self.notifier.ready(status.ready());
+        self.status.send_replace(Arc::new(status));
+    }
+}
+
+fn fingerprints(content: &SourceCertificates) -> Vec<Fingerprint> {
+    content
+        .certificates
+        .iter()
+        .chain(content.not_ca.iter().map(|s| &s.certificate))
+        .map(|c| c.fingerprint())
+        .collect()
+}
+
+/// Marks a source down and logs why, once per distinct problem.
+fn report(slot: &mut Slot, error: &SourceError, what: &str) {
+    let problem = error.to_string();
+    if slot.problem.as_ref() != Some(&problem) {
+        tracing::warn!(source = %slot.name, reason = error.reason(), "{what}: {problem}");
+    }
+    slot.up = false;
+    slot.problem = Some(problem);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repair_backoff_doubles_to_the_cap_and_resets_after_quiet() {
+        let mut backoff = Backoff::default();
+        let start = Instant::now();
+        let mut at = start;
+        let mut delays = Vec::new();
+        for _ in 0..14 {
+            backoff.step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+            let until = backoff.until.unwrap();
+            delays.push(until - at);
+            assert!(backoff.blocked(at));
+            at = until;
+        }
+        assert_eq!(delays[0], Duration::from_millis(250));
+        assert_eq!(delays[1], Duration::from_millis(500));
+        assert_eq!(delays[4], Duration::from_secs(4));
+        assert_eq!(*delays.last().unwrap(), REPAIR_BACKOFF_MAX);
+        // A fighter at full speed gets a handful of repairs a minute, not a busy loop.
+        let in_first_minute = delays
+            .iter()
+            .scan(Duration::ZERO, |t, d| {
+                *t += *d;
+                Some(*t)
+            })
+            .filter(|t| *t <= Duration::from_secs(60))
+            .count();
+        assert!(in_first_minute <= 9, "{in_first_minute}");
+        // After a quiet spell the next repair is immediate again and the delay starts over.
+        let later = at + REPAIR_STREAK_RESET;
+        assert!(!backoff.blocked(later));
+        backoff.step(later, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+        assert_eq!(backoff.until.unwrap() - later, REPAIR_FIRST);
+    }
+}

@@ -1,0 +1,109 @@
+//! What the reconciliation loop publishes after every pass: read by `/readyz`, the metrics
+//! collector and the systemd STATUS line. One writer (the loop), many readers.
+
+use std::sync::Arc;
+
+use crate::bundle::Certificate;
+
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub bundle_path: String,
+    /// The certificates of the file on disk, when it is a valid bundle.
+    pub certificates: Vec<Certificate>,
+    /// SHA-256 of the file on disk, when it exists.
+    pub sha256: Option<String>,
+    /// The file on disk parses as a bundle with a certificate valid now.
+    pub file_valid: bool,
+    /// Why the file is not valid, when it is not.
+    pub file_problem: Option<String>,
+    /// `Some(true)` when the file equals the bundle built from the sources; `None` before
+    /// every source has delivered content once (the adopted file stands meanwhile).
+    pub in_sync: Option<bool>,
+    /// Why the file is not in sync, when it is not.
+    pub sync_problem: Option<String>,
+    pub sources: Vec<SourceStatus>,
+    /// Unix seconds of the last pass that ended in sync.
+    pub last_sync: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SourceStatus {
+    pub spec: String,
+    /// The last read or watch event succeeded and its content was valid.
+    pub up: bool,
+    pub problem: Option<String>,
+    /// Unix seconds when the source's content last changed.
+    pub last_change: Option<f64>,
+}
+
+impl Status {
+    /// Ready: the file on disk is valid and not known to be out of sync. An unreachable
+    /// source does not make the agent unready while the file is valid (SPEC 6).
+    pub fn ready(&self) -> bool {
+        self.file_valid && self.in_sync != Some(false)
+    }
+
+    /// The readiness checks, in order: (name, None if ok, else why not).
+    pub fn checks(&self) -> Vec<(String, Option<String>)> {
+        let mut checks = vec![
+            (
+                "bundle-valid".to_string(),
+                (!self.file_valid).then(|| {
+                    self.file_problem
+                        .clone()
+                        .unwrap_or_else(|| "the file is not a valid bundle".into())
+                }),
+            ),
+            (
+                "in-sync".to_string(),
+                match self.in_sync {
+                    Some(false) => Some(
+                        self.sync_problem
+                            .clone()
+                            .unwrap_or_else(|| "the file differs from the sources".into()),
+                    ),
+                    _ => None,
+                },
+            ),
+        ];
+        for source in &self.sources {
+            checks.push((
+                format!("source:{}", source.spec),
+                (!source.up).then(|| {
+                    source
+                        .problem
+                        .clone()
+                        .unwrap_or_else(|| "no content yet".into())
+                }),
+            ));
+        }
+        checks
+    }
+
+    /// One line for systemd's STATUS=.
+    pub fn summary(&self) -> String {
+        let up = self.sources.iter().filter(|s| s.up).count();
+        let sources = format!("{up}/{} sources up", self.sources.len());
+        let sha = self.sha256.as_deref().map(|s| &s[..12]).unwrap_or("-");
+        match (self.file_valid, self.in_sync) {
+            (true, Some(true)) => format!(
+                "in sync: {} certificates (sha256 {sha}…), {sources}",
+                self.certificates.len()
+            ),
+            (true, None) => format!(
+                "keeping the existing bundle ({} certificates) until every source has been read; {sources}",
+                self.certificates.len()
+            ),
+            (_, Some(false)) => format!(
+                "out of sync: {}; {sources}",
+                self.sync_problem.as_deref().unwrap_or("pending write")
+            ),
+            (false, _) => format!(
+                "no valid bundle on disk: {}; {sources}",
+                self.file_problem.as_deref().unwrap_or("missing")
+            ),
+        }
+    }
+}
+
+pub type StatusRx = tokio::sync::watch::Receiver<Arc<Status>>;

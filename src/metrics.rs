@@ -1,0 +1,444 @@
+//! Prometheus metrics (SPEC 9). Counters and the sync histogram live in [`Metrics`] and are
+//! updated where things happen; everything that describes the current state (per-certificate
+//! expiry, sync state, source health) is read from the loop's [`Status`] at scrape time, so
+//! a certificate that left the bundle disappears at the next scrape.
+//!
+//! prometheus-client writes OpenMetrics text. Prometheus's own text format (0.0.4) differs
+//! only in a few spellings, so [`to_prometheus_text`] rewrites those for scrapers that do
+//! not ask for OpenMetrics.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::daemon::status::StatusRx;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FileLabels {
+    pub filepath: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FileReasonLabels {
+    pub filepath: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceReasonLabels {
+    pub source: String,
+    pub reason: String,
+}
+
+/// Labels of the x509 certificate exporter, so existing dashboards and rules keep working.
+#[allow(non_snake_case)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    filepath: String,
+    serial_number: String,
+    subject_CN: String,
+    subject_O: String,
+    issuer_CN: String,
+    issuer_O: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BundleInfoLabels {
+    filepath: String,
+    sha256: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    node: String,
+}
+
+/// The agent's counters and histogram.
+#[derive(Debug)]
+pub struct Metrics {
+    pub source_errors: Family<SourceReasonLabels, Counter>,
+    pub rejected_certificates: Family<SourceReasonLabels, Counter>,
+    pub writes: Family<FileLabels, Counter>,
+    pub repairs: Family<FileLabels, Counter>,
+    pub sync_errors: Family<FileReasonLabels, Counter>,
+    pub exec_on_change_failures: Counter,
+    pub sync_duration: Histogram,
+    pub watch_restarts: Family<SourceLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let buckets = [
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        ];
+        Metrics {
+            source_errors: Family::default(),
+            rejected_certificates: Family::default(),
+            writes: Family::default(),
+            repairs: Family::default(),
+            sync_errors: Family::default(),
+            exec_on_change_failures: Counter::default(),
+            sync_duration: Histogram::new(buckets),
+            watch_restarts: Family::default(),
+        }
+    }
+}
+
+/// The registry behind `/metrics`: the counters, the state read from the loop, the
+/// process metrics and the build info.
+pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> Registry {
+    let mut registry = Registry::default();
+    let m = &metrics;
+    registry.register(
+        "kubelet_ca_source_errors",
+        "Source updates rejected or reads that failed, by reason",
+        m.source_errors.clone(),
+    );
+    registry.register(
+        "kubelet_ca_rejected_certificates",
+        "Certificates left out of the bundle, by reason",
+        m.rejected_certificates.clone(),
+    );
+    registry.register(
+        "kubelet_ca_writes",
+        "Times the bundle file was replaced",
+        m.writes.clone(),
+    );
+    registry.register(
+        "kubelet_ca_repairs",
+        "Times the bundle file was rewritten after something else changed or deleted it",
+        m.repairs.clone(),
+    );
+    registry.register(
+        "kubelet_ca_sync_errors",
+        "Reconciliations that could not bring the file in sync, by reason",
+        m.sync_errors.clone(),
+    );
+    registry.register(
+        "kubelet_ca_exec_on_change_failures",
+        "Failed runs of the --exec-on-change command",
+        m.exec_on_change_failures.clone(),
+    );
+    registry.register(
+        "kubelet_ca_sync_duration_seconds",
+        "From a source change arriving to the new bundle being durable on disk",
+        m.sync_duration.clone(),
+    );
+    registry.register(
+        "kubelet_ca_watch_restarts",
+        "Restarts of a source's watch after an error",
+        m.watch_restarts.clone(),
+    );
+    let build = BuildLabels {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        node: node.unwrap_or_default().to_string(),
+    };
+    registry.register(
+        "kubelet_ca_agent_build",
+        "Build and node of this agent",
+        Info::new(build),
+    );
+    registry.register_collector(Box::new(StateCollector { status }));
+    registry.register_collector(Box::new(ProcessCollector));
+    registry
+}
+
+/// Metrics derived from the loop's status at scrape time.
+#[derive(Debug)]
+struct StateCollector {
+    status: StatusRx,
+}
+
+fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in samples {
+        family.encode_family(&labels)?.encode_gauge(&value)?;
+    }
+    Ok(())
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let status = self.status.borrow().clone();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let file = || FileLabels {
+            filepath: status.bundle_path.clone(),
+        };
+        let labels = |c: &crate::bundle::Certificate| CertificateLabels {
+            filepath: status.bundle_path.clone(),
+            serial_number: c.serial.clone(),
+            subject_CN: c.subject_cn.clone(),
+            subject_O: c.subject_o.clone(),
+            issuer_CN: c.issuer_cn.clone(),
+            issuer_O: c.issuer_o.clone(),
+        };
+        // Two certificates can share every label (same serial, subject and issuer, other
+        // key); emit the first only, so the exposition stays valid.
+        let mut seen = std::collections::HashSet::new();
+        let certs: Vec<_> = status
+            .certificates
+            .iter()
+            .filter(|c| seen.insert(labels(c)))
+            .collect();
+        gauge(
+            &mut encoder,
+            "x509_cert_not_after",
+            "Certificate notAfter, unix seconds",
+            certs.iter().map(|c| (labels(c), c.not_after)),
+        )?;
+        gauge(
+            &mut encoder,
+            "x509_cert_not_before",
+            "Certificate notBefore, unix seconds",
+            certs.iter().map(|c| (labels(c), c.not_before)),
+        )?;
+        gauge(
+            &mut encoder,
+            "x509_cert_expired",
+            "1 if the certificate is past its notAfter",
+            certs
+                .iter()
+                .map(|c| (labels(c), i64::from(c.is_expired_at(now)))),
+        )?;
+        let on_disk = status.sha256.is_some();
+        gauge(
+            &mut encoder,
+            "kubelet_ca_bundle_certificates",
+            "Certificates in the bundle file",
+            on_disk.then(|| (file(), status.certificates.len() as i64)),
+        )?;
+        gauge(
+            &mut encoder,
+            "kubelet_ca_bundle_in_sync",
+            "1 when the file equals the bundle built from the sources",
+            [(file(), i64::from(status.in_sync == Some(true)))],
+        )?;
+        let info = status.sha256.iter().map(|sha| {
+            (
+                BundleInfoLabels {
+                    filepath: status.bundle_path.clone(),
+                    sha256: sha.clone(),
+                },
+                1i64,
+            )
+        });
+        gauge(
+            &mut encoder,
+            "kubelet_ca_bundle_info",
+            "The SHA-256 of the bundle file",
+            info,
+        )?;
+        let sources = || status.sources.iter();
+        gauge(
+            &mut encoder,
+            "kubelet_ca_source_up",
+            "1 when the last read or watch of the source succeeded with valid content",
+            sources().map(|s| {
+                (
+                    SourceLabels {
+                        source: s.spec.clone(),
+                    },
+                    i64::from(s.up),
+                )
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "kubelet_ca_source_last_change_timestamp_seconds",
+            "When the source's content last changed, unix seconds",
+            sources().filter_map(|s| {
+                Some((
+                    SourceLabels {
+                        source: s.spec.clone(),
+                    },
+                    s.last_change?,
+                ))
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "kubelet_ca_last_sync_timestamp_seconds",
+            "The last reconciliation that ended in sync, unix seconds",
+            status.last_sync.map(|t| (file(), t)),
+        )?;
+        Ok(())
+    }
+}
+
+/// The usual `process_*` metrics, read from /proc at scrape time.
+#[derive(Debug, Default)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(p) = process_stats() else {
+            return Ok(());
+        };
+        let mut plain = |name: &str, help: &str, value: i64| -> Result<(), std::fmt::Error> {
+            encoder
+                .encode_descriptor(name, help, None, MetricType::Gauge)?
+                .encode_gauge(&value)
+        };
+        plain(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            p.resident_bytes as i64,
+        )?;
+        plain(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            p.virtual_bytes as i64,
+        )?;
+        plain(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            p.start_time as i64,
+        )?;
+        plain(
+            "process_open_fds",
+            "Number of open file descriptors",
+            p.open_fds as i64,
+        )?;
+        if let Some(max) = p.max_fds {
+            plain(
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                max as i64,
+            )?;
+        }
+        let mut cpu = encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            None,
+            MetricType::Counter,
+        )?;
+        cpu.encode_counter::<NoLabelSet, _, u64>(&p.cpu_seconds, None)?;
+        Ok(())
+    }
+}
+
+struct ProcessStats {
+    cpu_seconds: f64,
+    resident_bytes: u64,
+    virtual_bytes: u64,
+    start_time: f64,
+    open_fds: usize,
+    max_fds: Option<u64>,
+}
+
+fn process_stats() -> Option<ProcessStats> {
+    use nix::unistd::{SysconfVar, sysconf};
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    let ticks = sysconf(SysconfVar::CLK_TCK).ok()?? as f64;
+    let page = sysconf(SysconfVar::PAGE_SIZE).ok()?? as u64;
+    let boot_time: f64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    Some(ProcessStats {
+        cpu_seconds: (field(14)? + field(15)?) as f64 / ticks,
+        start_time: boot_time + field(22)? as f64 / ticks,
+        virtual_bytes: field(23)?,
+        resident_bytes: field(24)? * page,
+        open_fds: std::fs::read_dir("/proc/self/fd")
+            .ok()?
+            .count()
+            .saturating_sub(1),
+        max_fds: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .ok()
+            .map(|(soft, _)| soft),
+    })
+}
+
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The registry in OpenMetrics text.
+pub fn encode_openmetrics(registry: &Registry) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    prometheus_client::encoding::text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+/// Rewrites OpenMetrics text into Prometheus text format 0.0.4: counter and info families
+/// are named by their sample names (`x_total`, `x_info`, info becoming a gauge), and the
+/// `# UNIT` and `# EOF` lines go.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut renames: Vec<(String, String)> = Vec::new();
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (new_name, new_kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "unknown" => (name.to_string(), "untyped"),
+                other => (name.to_string(), other),
+            };
+            if new_name != name {
+                renames.push((name.to_string(), new_name.clone()));
+                // The HELP line came first: rename it too.
+                let help_prefix = format!("# HELP {name} ");
+                if let Some(start) = out.rfind(&help_prefix) {
+                    out.replace_range(
+                        start..start + help_prefix.len(),
+                        &format!("# HELP {new_name} "),
+                    );
+                }
+            }
+            let _ = writeln!(out, "# TYPE {new_name} {new_kind}");
+            continue;
+        }
+        // OpenMetrics `_created` samples have no place in 0.0.4.
+        if let Some((family, _)) = renames.last()
+            && line.starts_with(&format!("{family}_created"))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_info_are_renamed_for_prometheus_text() {
+        let om = "# HELP a_writes Writes.\n# TYPE a_writes counter\na_writes_total{f=\"x\"} 2\na_writes_created 1.5\n# HELP b Build.\n# TYPE b info\nb_info{version=\"1\"} 1\n# HELP g A gauge.\n# TYPE g gauge\n# UNIT g seconds\ng 1\n# EOF\n";
+        let text = to_prometheus_text(om);
+        assert_eq!(
+            text,
+            "# HELP a_writes_total Writes.\n# TYPE a_writes_total counter\na_writes_total{f=\"x\"} 2\n# HELP b_info Build.\n# TYPE b_info gauge\nb_info{version=\"1\"} 1\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
+        );
+    }
+}

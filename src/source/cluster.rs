@@ -1,0 +1,296 @@
+//! Cluster sources, read through kube-rs: a ConfigMap (one key, or every key of `data` and
+//! `binaryData`) and a ControllerConfig's `spec.kubeAPIServerServingCAData` (base64).
+//!
+//! Each source has one long-lived watch on the single named object (field selector
+//! `metadata.name`, so RBAC by resourceNames is enough). kube-runtime's watcher does the
+//! lifecycle SPEC 6 asks for: list once, then watch with bookmarks, resume from the last
+//! resourceVersion after a disconnect, list again after `410 Gone`, and back off with
+//! jitter (up to 30 s) between failures. In steady state it makes no list.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use base64::Engine;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Config};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::{Keys, SourceError, SourceSpec, parse_parts};
+use crate::bundle::SourceCertificates;
+
+/// The ControllerConfig field that carries the bundle, base64 of PEM.
+pub const CONTROLLERCONFIG_FIELD: &str = "kubeAPIServerServingCAData";
+
+fn controllerconfig_resource() -> ApiResource {
+    ApiResource {
+        group: "machineconfiguration.openshift.io".into(),
+        version: "v1".into(),
+        api_version: "machineconfiguration.openshift.io/v1".into(),
+        kind: "ControllerConfig".into(),
+        plural: "controllerconfigs".into(),
+    }
+}
+
+/// A client from `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`, else
+/// `~/.kube/config`.
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
+    use anyhow::Context;
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {} is not usable", path.display()))?
+        }
+        None => match Config::incluster() {
+            Ok(config) => config,
+            Err(_) => Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .context("no in-cluster config, and no usable kubeconfig in $KUBECONFIG or ~/.kube/config (or pass --kubeconfig)")?,
+        },
+    };
+    Client::try_from(config).context("cannot build a Kubernetes client")
+}
+
+/// One update from a source, for the reconciliation loop.
+#[derive(Debug)]
+pub struct Update {
+    /// Position of the source in `--source` order.
+    pub index: usize,
+    pub event: SourceEvent,
+    /// When the update arrived: the start of `kubelet_ca_sync_duration_seconds`.
+    pub at: Instant,
+}
+
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// New valid content.
+    Content(SourceCertificates),
+    /// The source could not be used; its last good content stays.
+    Failed(SourceError),
+    /// The watch failed and is being restarted (after backoff).
+    WatchRestart(SourceError),
+}
+
+/// A named piece of a source's content: (which key, its bytes).
+pub type Part<'a> = (Option<String>, &'a [u8]);
+
+/// The bytes of a ConfigMap that make up a source, as (part name, bytes).
+pub fn configmap_parts<'a>(
+    spec: &str,
+    configmap: &'a ConfigMap,
+    keys: &Keys,
+) -> Result<Vec<Part<'a>>, SourceError> {
+    let mut all: BTreeMap<&str, &[u8]> = BTreeMap::new();
+    for (key, value) in configmap.data.iter().flatten() {
+        all.insert(key, value.as_bytes());
+    }
+    for (key, value) in configmap.binary_data.iter().flatten() {
+        all.insert(key, &value.0);
+    }
+    match keys {
+        Keys::All => Ok(all
+            .into_iter()
+            .map(|(k, v)| (Some(format!("key {k}")), v))
+            .collect()),
+        Keys::One(key) => match all.get(key.as_str()) {
+            Some(bytes) => Ok(vec![(None, *bytes)]),
+            None => Err(SourceError::Invalid {
+                spec: spec.to_string(),
+                reason: "missing_key",
+                problem: format!(
+                    "the ConfigMap has no key {key:?} in data or binaryData (keys: {})",
+                    all.keys().copied().collect::<Vec<_>>().join(", ")
+                ),
+            }),
+        },
+    }
+}
+
+/// The PEM bundle a ControllerConfig carries, decoded from base64.
+pub fn controllerconfig_bundle(spec: &str, object: &DynamicObject) -> Result<Vec<u8>, SourceError> {
+    let invalid = |reason, problem: String| SourceError::Invalid {
+        spec: spec.to_string(),
+        reason,
+        problem,
+    };
+    let field = object
+        .data
+        .get("spec")
+        .and_then(|s| s.get(CONTROLLERCONFIG_FIELD))
+        .ok_or_else(|| {
+            invalid(
+                "missing_field",
+                format!("spec.{CONTROLLERCONFIG_FIELD} is not set"),
+            )
+        })?;
+    let text = field.as_str().ok_or_else(|| {
+        invalid(
+            "bad_base64",
+            format!("spec.{CONTROLLERCONFIG_FIELD} is not a string"),
+        )
+    })?;
+    let compact: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(compact)
+        .map_err(|_| {
+            invalid(
+                "bad_base64",
+                format!("spec.{CONTROLLERCONFIG_FIELD} is not valid base64"),
+            )
+        })
+}
+
+fn cluster_error(spec: &str, error: &kube::Error) -> SourceError {
+    let reason = match error {
+        kube::Error::Api(status) => match status.code {
+            401 => "unauthorized",
+            403 => "forbidden",
+            404 => "not_found",
+            410 => "expired",
+            _ => "api_error",
+        },
+        _ => "unreachable",
+    };
+    SourceError::Cluster {
+        spec: spec.to_string(),
+        reason,
+        error: error.to_string(),
+    }
+}
+
+fn watch_error(spec: &str, error: &watcher::Error) -> SourceError {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => cluster_error(spec, e),
+        other => SourceError::Cluster {
+            spec: spec.to_string(),
+            reason: "watch_error",
+            error: other.to_string(),
+        },
+    }
+}
+
+/// Reads a cluster source once (for `sync`): one list of the named object.
+pub async fn read_once(
+    client: &Client,
+    spec: &SourceSpec,
+) -> Result<SourceCertificates, SourceError> {
+    let name = spec.to_string();
+    match spec {
+        SourceSpec::ConfigMap {
+            namespace,
+            name: object,
+            keys,
+        } => {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+            let list = api
+                .list(&ListParams::default().fields(&format!("metadata.name={object}")))
+                .await
+                .map_err(|e| cluster_error(&name, &e))?;
+            let configmap = list
+                .items
+                .first()
+                .ok_or(SourceError::NotFound { spec: name.clone() })?;
+            parse_parts(&name, configmap_parts(&name, configmap, keys)?)
+        }
+        SourceSpec::ControllerConfig { name: object } => {
+            let api: Api<DynamicObject> =
+                Api::all_with(client.clone(), &controllerconfig_resource());
+            let list = api
+                .list(&ListParams::default().fields(&format!("metadata.name={object}")))
+                .await
+                .map_err(|e| cluster_error(&name, &e))?;
+            let found = list
+                .items
+                .first()
+                .ok_or(SourceError::NotFound { spec: name.clone() })?;
+            let bundle = controllerconfig_bundle(&name, found)?;
+            parse_parts(&name, [(None, bundle.as_slice())])
+        }
+        _ => panic!("cluster::read_once called for local source {name}"),
+    }
+}
+
+/// Watches one cluster source for as long as the process runs, sending every change.
+pub async fn watch(
+    client: Client,
+    index: usize,
+    spec: SourceSpec,
+    updates: UnboundedSender<Update>,
+) {
+    let name = spec.to_string();
+    let send = |event| {
+        let _ = updates.send(Update {
+            index,
+            event,
+            at: Instant::now(),
+        });
+    };
+    match &spec {
+        SourceSpec::ConfigMap {
+            namespace,
+            name: object,
+            keys,
+        } => {
+            let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+            let content = |cm: &ConfigMap| parse_parts(&name, configmap_parts(&name, cm, keys)?);
+            follow(api, object, &name, content, send).await;
+        }
+        SourceSpec::ControllerConfig { name: object } => {
+            let api: Api<DynamicObject> = Api::all_with(client, &controllerconfig_resource());
+            let content = |cc: &DynamicObject| {
+                let bundle = controllerconfig_bundle(&name, cc)?;
+                parse_parts(&name, [(None, bundle.as_slice())])
+            };
+            follow(api, object, &name, content, send).await;
+        }
+        _ => panic!("cluster::watch called for local source {name}"),
+    }
+}
+
+/// The watch loop shared by both kinds of object.
+async fn follow<K>(
+    api: Api<K>,
+    object: &str,
+    spec: &str,
+    content: impl Fn(&K) -> Result<SourceCertificates, SourceError>,
+    send: impl Fn(SourceEvent),
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={object}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    // Whether the current (re)list found the object: a list without it means it is gone.
+    let mut listed = false;
+    let result = |k: &K| match content(k) {
+        Ok(certificates) => SourceEvent::Content(certificates),
+        Err(error) => SourceEvent::Failed(error),
+    };
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listed = false,
+            Ok(Event::InitApply(k)) => {
+                listed = true;
+                send(result(&k));
+            }
+            Ok(Event::InitDone) if !listed => send(SourceEvent::Failed(SourceError::NotFound {
+                spec: spec.to_string(),
+            })),
+            Ok(Event::InitDone) => {}
+            Ok(Event::Apply(k)) => send(result(&k)),
+            Ok(Event::Delete(_)) => send(SourceEvent::Failed(SourceError::NotFound {
+                spec: spec.to_string(),
+            })),
+            Err(e) => send(SourceEvent::WatchRestart(watch_error(spec, &e))),
+        }
+    }
+}
