@@ -9,6 +9,10 @@ pub fn run(command: &[String], bundle: &Path) -> bool {
     let result = Command::new(&command[0])
         .args(&command[1..])
         .env("KUBELET_CA_BUNDLE", bundle)
+        // The hook is not the service: it must not speak to systemd in our name.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
         .status();
     match result {
         Ok(status) if status.success() => {

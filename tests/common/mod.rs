@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod daemon;
 pub mod pki;
 
 use std::fs;

@@ -1,0 +1,182 @@
+//! Running `kubelet-ca-agent run` as a user would: a child process with its own port, its
+//! log captured to a file, and small helpers to poll it over HTTP.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Node, agent_bin};
+
+pub struct Agent {
+    pub child: Child,
+    pub port: u16,
+    log: PathBuf,
+}
+
+/// A free loopback port (the race with another process taking it is accepted in tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Agent {
+    /// Starts `run` on `node` with the given sources and extra arguments.
+    pub fn start(node: &Node, sources: &[&str], extra: &[&str]) -> Agent {
+        Agent::start_with(node, sources, extra, |_| {})
+    }
+
+    /// Like [`Agent::start`], with a hook to adjust the command (environment, ...).
+    pub fn start_with(
+        node: &Node,
+        sources: &[&str],
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Agent {
+        fs::create_dir_all(node.bundle_dir()).unwrap();
+        let port = free_port();
+        let log = node.root().join(format!("agent-{port}.log"));
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("run")
+            .arg("--bundle")
+            .arg(node.bundle())
+            .arg("--state-dir")
+            .arg(node.state_dir())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--insecure-metrics")
+            .env_remove("RUST_LOG")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
+        for s in sources {
+            cmd.arg("--source").arg(s);
+        }
+        cmd.args(extra);
+        adjust(&mut cmd);
+        let child = cmd.spawn().expect("start the agent");
+        Agent { child, port, log }
+    }
+
+    /// GET `path`; (status code, body), or None if the agent does not answer.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.get_with(path, "").map(|(code, _, body)| (code, body))
+    }
+
+    /// GET `path` with extra header lines; (status code, response head, body).
+    pub fn get_with(&self, path: &str, headers: &str) -> Option<(u16, String, String)> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{headers}\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        Some((
+            code,
+            head.to_string(),
+            decode_chunked(head, body.to_string()),
+        ))
+    }
+
+    /// The value of a metric sample whose line starts with `prefix` (name and labels).
+    pub fn metric(&self, prefix: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        body.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// Waits until the HTTP endpoint answers.
+    pub fn wait_listening(&self) {
+        wait_until(Duration::from_secs(10), || self.get("/livez").is_some());
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn decode_chunked(head: &str, body: String) -> String {
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return body;
+    }
+    let mut out = String::new();
+    let mut rest = body.as_str();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `condition` every 5 ms until it holds; panics after `limit`. Returns how long it took.
+pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < limit,
+            "condition not met within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    start.elapsed()
+}
+
+/// Like [`wait_until`] but returns false instead of panicking.
+pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while !condition() {
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}

@@ -1,0 +1,303 @@
+//! `run` with local sources and no cluster: rotations, drift repair, readiness, systemd
+//! notify, metrics and shutdown, all against the real binary.
+
+mod common;
+
+use std::fs;
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use common::daemon::{Agent, wait_until};
+use common::pki::{self, Algorithm, Signer};
+use common::{Node, fingerprint_file};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_file_source_replaced_by_mv_reaches_the_bundle_within_a_second() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::Ed25519),
+    );
+    let source = node.source("signers.pem", a.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == a.pem().as_bytes())
+    });
+
+    let path = source.strip_prefix("file:").unwrap();
+    let staged = format!("{path}.new");
+    fs::write(&staged, a.pem() + &b.pem()).unwrap();
+    fs::rename(&staged, path).unwrap();
+    let took = wait_until(SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == (a.pem() + &b.pem()).as_bytes())
+    });
+    eprintln!("rotation reached the bundle in {took:?}");
+    assert!(agent.log().contains("bundle written"));
+}
+
+#[test]
+fn garbage_and_deletion_are_repaired_within_a_second() {
+    let node = Node::new();
+    let pem = pki::bundle_of(2, "ca");
+    let source = node.source("signers.pem", &pem);
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+
+    fs::write(node.bundle(), "garbage\n").unwrap();
+    let took = wait_until(SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+    eprintln!("garbage repaired in {took:?}");
+    fs::remove_file(node.bundle()).unwrap();
+    let took = wait_until(SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+    eprintln!("deletion repaired in {took:?}");
+    agent.wait_listening();
+    assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
+    assert!(agent.log().contains("repaired the bundle"));
+}
+
+#[test]
+fn a_writer_fighting_over_the_file_meets_backoff_not_a_busy_loop() {
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    let source = node.source("signers.pem", &pem);
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+
+    // Another writer puts its own content back every 20 ms for 6 seconds.
+    let start = Instant::now();
+    while start.elapsed() < 6 * SECOND {
+        if fs::read(node.bundle()).is_ok_and(|b| b != b"mine\n") {
+            fs::write(node.bundle(), "mine\n").unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.wait_listening();
+    let repairs = agent.metric("kubelet_ca_repairs_total{").unwrap();
+    eprintln!("{repairs} repairs in 6 s of fighting");
+    // 250 ms doubling: repairs at about 0, 0.25, 0.75, 1.75, 3.75 s: five, never dozens.
+    assert!((3.0..=7.0).contains(&repairs), "{repairs} repairs");
+    // Once the other writer stops, the file comes back (after the backoff).
+    wait_until(10 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+}
+
+#[test]
+fn bad_content_in_a_source_never_reaches_the_file_or_the_log() {
+    let node = Node::new();
+    let signer = Signer::new("good", Algorithm::P256);
+    let source = node.source("signers.pem", signer.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == signer.pem().as_bytes())
+    });
+    agent.wait_listening();
+    let before = fingerprint_file(&node.bundle());
+
+    let key = signer.key_pem();
+    fs::write(source.strip_prefix("file:").unwrap(), signer.pem() + &key).unwrap();
+    wait_until(2 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 0.0)
+    });
+    assert!(
+        agent
+            .metric("kubelet_ca_source_errors_total{source=")
+            .is_some_and(|v| v >= 1.0)
+    );
+    let (code, body) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(
+        code, 200,
+        "a rejected update does not make a valid file unready: {body}"
+    );
+    assert!(
+        body.contains("[-]source:file:") && body.contains("PRIVATE KEY"),
+        "{body}"
+    );
+    assert_eq!(fingerprint_file(&node.bundle()), before);
+    let log = agent.log();
+    assert!(log.contains("private_key"), "{log}");
+    for line in key.lines().filter(|l| !l.starts_with("-----")) {
+        assert!(!log.contains(line), "key material in the log");
+    }
+}
+
+#[test]
+fn an_adopted_valid_file_makes_the_agent_ready_while_the_cluster_is_unreachable() {
+    let node = Node::new();
+    let pem = pki::bundle_of(2, "adopted");
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), &pem).unwrap();
+    let before = fingerprint_file(&node.bundle());
+    // A kubeconfig whose server refuses connections.
+    let kubeconfig = node.root().join("kubeconfig");
+    fs::write(&kubeconfig, KUBECONFIG_NOWHERE).unwrap();
+    let agent = Agent::start(
+        &node,
+        &["configmap:openshift-config-managed/kube-apiserver-client-ca"],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    let took = wait_until(5 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    eprintln!("ready {took:?} after the first poll");
+    let (_, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert!(
+        verbose.contains("[+]bundle-valid ok") && verbose.contains("[-]source:configmap:"),
+        "{verbose}"
+    );
+    assert_eq!(agent.metric("kubelet_ca_source_up{"), Some(0.0));
+    assert_eq!(agent.metric("kubelet_ca_bundle_certificates{"), Some(2.0));
+    std::thread::sleep(SECOND);
+    assert_eq!(
+        fingerprint_file(&node.bundle()),
+        before,
+        "the adopted file is left alone"
+    );
+}
+
+#[test]
+fn systemd_hears_ready_status_and_watchdog() {
+    let node = Node::new();
+    let socket_path = node.root().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let source = node.source("signers.pem", pki::bundle_of(1, "ca"));
+    let _agent = Agent::start_with(&node, &[&source], &[], |cmd| {
+        cmd.env("NOTIFY_SOCKET", &socket_path)
+            .env("WATCHDOG_USEC", "200000");
+    });
+    let mut messages = Vec::new();
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < 2 * SECOND {
+        if let Ok(n) = socket.recv(&mut buf) {
+            messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    let all = messages.join("\n");
+    assert!(all.contains("READY=1"), "{all}");
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("STATUS=in sync: 1 certificates")),
+        "{all}"
+    );
+    let watchdogs = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    // Every 100 ms (half of WATCHDOG_USEC) for 2 s.
+    assert!(watchdogs >= 10, "{watchdogs} watchdog pings: {all}");
+    let ready_at = messages.iter().position(|m| m.contains("READY=1")).unwrap();
+    assert_eq!(
+        messages.iter().filter(|m| m.contains("READY=1")).count(),
+        1,
+        "READY=1 is sent once"
+    );
+    assert!(ready_at < 3, "READY=1 comes first thing: {all}");
+}
+
+#[test]
+fn sigterm_exits_0() {
+    let node = Node::new();
+    let source = node.source("signers.pem", pki::bundle_of(1, "ca"));
+    let mut agent = Agent::start(&node, &[&source], &[]);
+    agent.wait_listening();
+    let status = agent.terminate();
+    assert_eq!(status.code(), Some(0), "{}", agent.log());
+}
+
+#[test]
+fn metrics_follow_the_bundle() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("kube-csr-signer", Algorithm::P256),
+        Signer::new("old-signer", Algorithm::P384),
+    );
+    let source = node.source("signers.pem", a.pem() + &b.pem());
+    let agent = Agent::start(&node, &[&source], &["--node-name", "worker-1"]);
+    agent.wait_listening();
+    wait_until(5 * SECOND, || {
+        agent
+            .metric("kubelet_ca_bundle_in_sync{")
+            .is_some_and(|v| v == 1.0)
+    });
+    let (_, body) = agent.get("/metrics").unwrap();
+    for needle in [
+        "x509_cert_not_after{filepath=",
+        "subject_CN=\"kube-csr-signer\"",
+        "subject_CN=\"old-signer\"",
+        "x509_cert_expired{",
+        "kubelet_ca_bundle_certificates{",
+        "kubelet_ca_source_up{source=\"file:",
+        "kubelet_ca_agent_build_info{version=",
+        "node=\"worker-1\"",
+        "process_resident_memory_bytes ",
+        "kubelet_ca_sync_duration_seconds_bucket{le=",
+    ] {
+        assert!(body.contains(needle), "missing {needle} in\n{body}");
+    }
+    // A certificate that leaves the bundle leaves the metrics at the next scrape.
+    fs::write(source.strip_prefix("file:").unwrap(), a.pem()).unwrap();
+    wait_until(2 * SECOND, || {
+        agent
+            .get("/metrics")
+            .is_some_and(|(_, m)| !m.contains("old-signer"))
+    });
+    // Prometheus text by default; OpenMetrics when the scraper asks for it.
+    let (_, head, text) = agent.get_with("/metrics", "").unwrap();
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(text.contains("# TYPE kubelet_ca_writes_total counter") && !text.contains("# EOF"));
+    let accept = "Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n";
+    let (_, head, om) = agent.get_with("/metrics", accept).unwrap();
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(om.contains("# TYPE kubelet_ca_writes counter") && om.trim_end().ends_with("# EOF"));
+}
+
+#[test]
+fn listen_must_be_loopback_for_insecure_metrics() {
+    let node = Node::new();
+    let out = std::process::Command::new(common::agent_bin())
+        .args([
+            "run",
+            "--source",
+            "file:/x.pem",
+            "--listen",
+            "0.0.0.0:9745",
+            "--insecure-metrics",
+        ])
+        .arg("--bundle")
+        .arg(node.bundle())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
+
+const KUBECONFIG_NOWHERE: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster:
+    server: https://127.0.0.1:1
+    insecure-skip-tls-verify: true
+users:
+- name: nobody
+  user:
+    token: not-a-real-token
+contexts:
+- name: nowhere
+  context:
+    cluster: nowhere
+    user: nobody
+current-context: nowhere
+";
