@@ -1,40 +1,62 @@
 #!/usr/bin/env bash
-# Runs kubelet-ca-agent for real with no cluster: signers made now with openssl, a dir:
-# source, and a bundle, state and history under ./demo/ (git ignores it). Run it again to
-# see a rotation: a new signer is added each time and the bundle is replaced atomically.
+# Runs kubelet-ca-agent for real with no cluster: signers made now with openssl in a dir:
+# source, the bundle, state and history under ./demo/ (git ignores it), and metrics and
+# health on 127.0.0.1:9745. It shows a rotation and a repair, then keeps the daemon running
+# in the foreground until Ctrl-C (or for DEMO_SECONDS seconds, if set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl; }
+need=()
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+[ ${#need[@]} -eq 0 ] || { apt-get update -qq && apt-get install -y -qq "${need[@]}"; }
 cargo build --release --quiet
 bin=target/release/kubelet-ca-agent
 demo=demo
+listen=${DEMO_LISTEN:-127.0.0.1:9745}
 mkdir -p "$demo/signers" "$demo/keys" "$demo/etc-kubernetes" "$demo/state"
+rm -f "$demo"/signers/*.crt
 
 new_signer() { # name days
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days "$2" \
-    -subj "/O=demo/CN=$1" -keyout "$demo/keys/$1.key" -out "$demo/signers/$1.crt" \
+    -subj "/O=demo/CN=$1" -keyout "$demo/keys/$1.key" -out "$demo/signers/$1.crt.tmp" \
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
     2>/dev/null
+  mv "$demo/signers/$1.crt.tmp" "$demo/signers/$1.crt"   # appear whole, like a real rotation
 }
+step() { printf '\n== %s\n' "$*"; }
 
-# Signers from an earlier run expire (30 days): start afresh when one has.
-for f in "$demo"/signers/*.crt; do
-  [ -e "$f" ] && ! openssl x509 -in "$f" -noout -checkend 0 >/dev/null && rm -f "$demo"/signers/*.crt
-done
-[ -e "$demo/signers/kube-apiserver-to-kubelet-signer.crt" ] ||
-  new_signer kube-apiserver-to-kubelet-signer 365
-new_signer "kube-csr-signer-$(date +%Y%m%d-%H%M%S)" 30
-
+new_signer kube-apiserver-to-kubelet-signer 365
+new_signer kube-csr-signer-1 30
 args=(--source "dir:$demo/signers" --bundle "$demo/etc-kubernetes/kubelet-ca.crt"
-      --state-dir "$demo/state")
-echo "== sync --dry-run: what would change"
-"$bin" sync "${args[@]}" --dry-run
-echo "== sync: write the bundle"
-"$bin" sync "${args[@]}"
-echo "== sync again: already in sync, the file is not touched"
-"$bin" sync "${args[@]}"
-echo "== inspect the written bundle"
-"$bin" inspect "$demo/etc-kubernetes/kubelet-ca.crt" --warn-within 7d || true
-echo "== history of replaced bundles: $demo/state/history"
-ls "$demo/state/history" 2>/dev/null || echo "(none yet: run again to rotate)"
+      --state-dir "$demo/state" --listen "$listen" --insecure-metrics --node-name demo-node)
+
+step "sync --dry-run: what the daemon is about to do"
+"$bin" sync "${args[@]:0:6}" --dry-run
+
+step "run: the daemon, metrics and health on http://$listen"
+"$bin" run "${args[@]}" &
+agent=$!
+trap 'kill $agent 2>/dev/null; wait $agent 2>/dev/null' EXIT
+until curl -sf "http://$listen/readyz" >/dev/null; do sleep 0.1; done
+curl -s "http://$listen/readyz?verbose"
+"$bin" inspect "$demo/etc-kubernetes/kubelet-ca.crt" || true
+
+step "rotation: a new signer appears in the source directory"
+new_signer kube-csr-signer-2 30
+sleep 0.5
+"$bin" inspect "$demo/etc-kubernetes/kubelet-ca.crt" || true
+
+step "drift: something overwrites the bundle; the daemon repairs it"
+echo "not a bundle" > "$demo/etc-kubernetes/kubelet-ca.crt"
+sleep 0.5
+head -1 "$demo/etc-kubernetes/kubelet-ca.crt"
+
+step "metrics (a few of them)"
+curl -s "http://$listen/metrics" | grep -E '^(x509_cert_not_after|kubelet_ca_(writes|repairs)_total|kubelet_ca_bundle_in_sync)'
+
+step "history of replaced bundles in $demo/state/history"
+ls "$demo/state/history"
+
+step "the daemon keeps running; add or remove files in $demo/signers and watch the bundle follow. Ctrl-C stops it."
+if [ -n "${DEMO_SECONDS:-}" ]; then sleep "$DEMO_SECONDS"; else wait $agent; fi

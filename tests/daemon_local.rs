@@ -38,6 +38,35 @@ fn a_file_source_replaced_by_mv_reaches_the_bundle_within_a_second() {
 }
 
 #[test]
+fn relative_paths_are_watched_too() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    fs::create_dir_all(node.root().join("signers")).unwrap();
+    fs::write(node.root().join("signers/a.crt"), a.pem()).unwrap();
+    let both = a.pem() + &b.pem();
+    let _agent = Agent::start_with(&node, &["dir:signers"], &[], |cmd| {
+        // The command line wins over the harness's KUBELET_CA_AGENT_BUNDLE.
+        cmd.current_dir(node.root())
+            .arg("--bundle")
+            .arg("etc/kubernetes/kubelet-ca.crt");
+    });
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == a.pem().as_bytes())
+    });
+    fs::write(node.root().join("signers/b.crt"), b.pem()).unwrap();
+    wait_until(SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == both.as_bytes())
+    });
+    fs::write(node.bundle(), "garbage").unwrap();
+    wait_until(SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == both.as_bytes())
+    });
+}
+
+#[test]
 fn garbage_and_deletion_are_repaired_within_a_second() {
     let node = Node::new();
     let pem = pki::bundle_of(2, "ca");

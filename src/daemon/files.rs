@@ -28,15 +28,18 @@ pub fn watch(
     sources: &[SourceSpec],
     events: UnboundedSender<FsEvent>,
 ) -> notify::Result<RecommendedWatcher> {
-    let bundle = bundle.to_path_buf();
+    // notify reports absolute paths (it joins a relative watch path to the working
+    // directory), so the paths matched against them must be absolute too.
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let bundle = absolute(bundle);
     let bundle_dir = parent_dir(&bundle);
     // For each local source, the directory whose entries concern it.
     let source_dirs: Vec<(usize, PathBuf)> = sources
         .iter()
         .enumerate()
         .filter_map(|(i, spec)| match spec {
-            SourceSpec::File(path) => Some((i, parent_dir(path))),
-            SourceSpec::Dir(dir) => Some((i, dir.clone())),
+            SourceSpec::File(path) => Some((i, parent_dir(&absolute(path)))),
+            SourceSpec::Dir(dir) => Some((i, absolute(dir))),
             _ => None,
         })
         .collect();

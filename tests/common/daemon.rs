@@ -42,11 +42,11 @@ impl Agent {
         let port = free_port();
         let log = node.root().join(format!("agent-{port}.log"));
         let mut cmd = Command::new(agent_bin());
+        // Bundle and state dir through the environment, so that a test can still pass
+        // --bundle itself (the command line wins).
         cmd.arg("run")
-            .arg("--bundle")
-            .arg(node.bundle())
-            .arg("--state-dir")
-            .arg(node.state_dir())
+            .env("KUBELET_CA_AGENT_BUNDLE", node.bundle())
+            .env("KUBELET_CA_AGENT_STATE_DIR", node.state_dir())
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--insecure-metrics")
