@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
-# bundles, chattr for the permission-fault test), then format, lints and every test.
+# bundles, chattr for the permission-fault test, promtool from prometheus to check the
+# metrics), then format, lints and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v chattr >/dev/null || need+=(e2fsprogs)
+command -v promtool >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -293,6 +293,32 @@ fn metrics_follow_the_bundle() {
 }
 
 #[test]
+fn promtool_accepts_the_metrics() {
+    let node = Node::new();
+    let source = node.source("signers.pem", pki::bundle_of(3, "ca"));
+    let agent = Agent::start(&node, &[&source], &[]);
+    agent.wait_listening();
+    wait_until(5 * SECOND, || agent.metric("kubelet_ca_bundle_in_sync{").is_some_and(|v| v == 1.0));
+    let (_, body) = agent.get("/metrics").unwrap();
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/test.sh installs prometheus)");
+    use std::io::Write;
+    promtool.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn listen_must_be_loopback_for_insecure_metrics() {
     let node = Node::new();
     let out = std::process::Command::new(common::agent_bin())
