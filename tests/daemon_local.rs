@@ -120,6 +120,91 @@ fn a_writer_fighting_over_the_file_meets_backoff_not_a_busy_loop() {
     });
 }
 
+/// CPU time (user + system) of a process so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn after_a_repair_the_daemon_goes_idle() {
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    let source = node.source("signers.pem", &pem);
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+    for _ in 0..2 {
+        fs::write(node.bundle(), "garbage").unwrap();
+        wait_until(2 * SECOND, || {
+            fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+        });
+    }
+    // Let every backoff run out, then watch the CPU: a loop that spins would burn ~200
+    // ticks in 2 s; an idle daemon burns none.
+    std::thread::sleep(SECOND);
+    let before = cpu_ticks(agent.child.id());
+    std::thread::sleep(2 * SECOND);
+    let spent = cpu_ticks(agent.child.id()) - before;
+    assert!(spent < 10, "{spent} ticks of CPU in 2 idle seconds");
+}
+
+#[test]
+fn a_failing_write_is_retried_with_backoff_and_converges() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: chattr +i needs root");
+        return;
+    }
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    let source = node.source("signers.pem", a.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == a.pem().as_bytes())
+    });
+    agent.wait_listening();
+    let chattr = |flag: &str| {
+        std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(node.bundle_dir())
+            .status()
+            .unwrap()
+            .success()
+    };
+    if !chattr("+i") {
+        eprintln!("skipped: chattr +i is not supported here");
+        return;
+    }
+    fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
+    std::thread::sleep(3 * SECOND);
+    let errors = agent.metric("kubelet_ca_sync_errors_total{").unwrap_or(0.0);
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
+    chattr("-i");
+    // Tries at about 0, 1 and 3 s: a few, not hundreds.
+    assert!(
+        (1.0..=4.0).contains(&errors),
+        "{errors} failed writes in 3 s"
+    );
+    assert_eq!(code, 503, "{verbose}");
+    assert!(
+        verbose.contains("[-]in-sync failed") && verbose.contains("Operation not permitted"),
+        "{verbose}"
+    );
+    assert_eq!(
+        fs::read(node.bundle()).unwrap(),
+        a.pem().as_bytes(),
+        "the old file is intact"
+    );
+    wait_until(10 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == b.pem().as_bytes())
+    });
+}
+
 #[test]
 fn bad_content_in_a_source_never_reaches_the_file_or_the_log() {
     let node = Node::new();
@@ -298,7 +383,11 @@ fn promtool_accepts_the_metrics() {
     let source = node.source("signers.pem", pki::bundle_of(3, "ca"));
     let agent = Agent::start(&node, &[&source], &[]);
     agent.wait_listening();
-    wait_until(5 * SECOND, || agent.metric("kubelet_ca_bundle_in_sync{").is_some_and(|v| v == 1.0));
+    wait_until(5 * SECOND, || {
+        agent
+            .metric("kubelet_ca_bundle_in_sync{")
+            .is_some_and(|v| v == 1.0)
+    });
     let (_, body) = agent.get("/metrics").unwrap();
     let mut promtool = std::process::Command::new("promtool")
         .args(["check", "metrics"])
@@ -308,7 +397,12 @@ fn promtool_accepts_the_metrics() {
         .spawn()
         .expect("promtool is installed (scripts/test.sh installs prometheus)");
     use std::io::Write;
-    promtool.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
     let out = promtool.wait_with_output().unwrap();
     assert!(
         out.status.success(),

@@ -111,6 +111,8 @@ pub struct Reconciler {
     recheck_at: Option<Instant>,
     repair: Backoff,
     write_retry: Backoff,
+    /// A pass was put off by a backoff: run one at this instant.
+    retry_at: Option<Instant>,
     /// The last build failure, so that it is logged and counted once.
     build_problem: Option<String>,
     metrics: Arc<Metrics>,
@@ -157,6 +159,7 @@ impl Reconciler {
             recheck_at: None,
             repair: Backoff::default(),
             write_retry: Backoff::default(),
+            retry_at: None,
             build_problem: None,
             metrics,
             file: FileLabels {
@@ -192,12 +195,11 @@ impl Reconciler {
         let mut updates_open = true;
         loop {
             let now = Instant::now();
-            let boundary = self.next_boundary();
+            let boundary_at = now + self.next_boundary();
             let deadline = [
-                Some(now + boundary),
+                Some(boundary_at),
                 self.recheck_at,
-                self.write_retry.until,
-                self.repair.until,
+                self.retry_at,
                 next_watchdog,
             ]
             .into_iter()
@@ -205,9 +207,12 @@ impl Reconciler {
             .flatten()
             .min()
             .expect("the boundary is always set");
+            // Only a source update, a settled change on disk, a due retry or a certificate
+            // boundary calls for a pass; a watchdog tick or a ping does not.
+            let mut work = false;
             tokio::select! {
                 update = inputs.updates.recv(), if updates_open => match update {
-                    Some(update) => self.on_update(update),
+                    Some(update) => { self.on_update(update); work = true; }
                     None => updates_open = false,
                 },
                 Some(event) = inputs.files.recv() => self.on_file_event(event),
@@ -216,9 +221,10 @@ impl Reconciler {
                 _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
                 _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
             }
-            // Drain whatever else is queued, so that a burst costs one pass.
+            // Take whatever else is queued, so that a burst costs one pass.
             while let Ok(update) = inputs.updates.try_recv() {
                 self.on_update(update);
+                work = true;
             }
             while let Ok(event) = inputs.files.try_recv() {
                 self.on_file_event(event);
@@ -228,18 +234,25 @@ impl Reconciler {
                 if self.slots[index].read_at.is_some_and(|t| t <= now) {
                     self.slots[index].read_at = None;
                     self.read_local(index, now);
+                    work = true;
                 }
             }
-            if self.recheck_at.is_some_and(|t| t <= now) {
-                self.recheck_at = None;
+            for due in [&mut self.recheck_at, &mut self.retry_at] {
+                if due.is_some_and(|t| t <= now) {
+                    *due = None;
+                    work = true;
+                }
             }
+            work |= boundary_at <= now;
             if let (Some(every), Some(at)) = (watchdog_every, next_watchdog)
                 && at <= now
             {
                 self.notifier.watchdog();
                 next_watchdog = Some(now + every);
             }
-            self.reconcile();
+            if work {
+                self.reconcile();
+            }
         }
         self.notifier.stopping();
         Ok(())
@@ -392,6 +405,7 @@ impl Reconciler {
         // changed the file.
         let repair = self.last_written == Some(sha256);
         if repair && self.repair.blocked(at) {
+            self.retry_at = self.repair.until;
             self.publish(
                 on_disk.as_deref(),
                 Some(false),
@@ -400,6 +414,7 @@ impl Reconciler {
             return;
         }
         if self.write_retry.blocked(at) {
+            self.retry_at = self.write_retry.until;
             self.publish(
                 on_disk.as_deref(),
                 Some(false),
@@ -433,6 +448,7 @@ impl Reconciler {
                 self.count_sync_error(e.reason());
                 self.write_retry
                     .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+                self.retry_at = self.write_retry.until;
                 tracing::error!(reason = e.reason(), "{e}");
                 self.publish(on_disk.as_deref(), Some(false), Some(e.to_string()));
             }
