@@ -1,1 +1,2491 @@
-//! Placeholder: a local kube-apiserver for tests is being written here.
+//! A local kube-apiserver for the integration tests and benchmarks.
+//!
+//! HTTPS on 127.0.0.1 serving ConfigMaps and OpenShift ControllerConfigs with the wire behaviour
+//! of kube-apiserver 1.33 for the calls kube-rs's `watcher` makes (list, watch, get), plus knobs to
+//! break it: stop/restart, compaction, closing watches, injected errors.
+//!
+//! The API is synchronous: the server runs its own single-threaded tokio runtime on a background
+//! thread, so plain `#[test]`s, `#[tokio::test]`s and benchmark binaries can all drive it.
+//!
+//! Storage is modelled on etcd behind the apiserver's watch cache: one global revision counter, a
+//! history of changes (for watch replay and reads at an older revision) that `compact` cuts, and a
+//! watch-cache floor below which resuming watches get 410. `compact` moves both; `restart` moves
+//! only the watch-cache floor, because a restarted apiserver rebuilds its watch cache from a fresh
+//! list and no longer knows the events before it.
+//!
+//! Real-server behaviour worth knowing when writing tests against it:
+//! - list items of ConfigMaps have no kind/apiVersion (ControllerConfig items, being custom
+//!   resources, keep them); objects in watch events and single GETs have them;
+//! - an update that changes nothing is a no-op: no new resourceVersion, no event;
+//! - a watch from a too-old resourceVersion gets HTTP 200 and one ERROR event (410 Expired), while
+//!   a list at a too-old exact resourceVersion gets HTTP 410;
+//! - BOOKMARKs go only to watches with `allowWatchBookmarks=true`, and only once the
+//!   resourceVersion has moved past what the watch has seen;
+//! - no bearer token means user system:anonymous, which gets 403 (not 401) outside /version and
+//!   the health checks; a wrong token gets 401.
+#![allow(dead_code)]
+
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::hash::{BuildHasher, Hasher};
+use std::net::{Ipv4Addr, TcpListener as StdTcpListener};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc as std_mpsc};
+use std::task::{Context, Poll};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD as B64_URL};
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+const MCO_GROUP: &str = "machineconfiguration.openshift.io";
+/// Who the kubeconfig's token authenticates as (it shows in Forbidden messages).
+const USER: &str = "system:node:fixture-node";
+/// The resourceVersion of the empty store: real clusters are never near 1.
+const INITIAL_RV: u64 = 1000;
+
+// ---------------------------------------------------------------------------------------------
+// Public interface
+// ---------------------------------------------------------------------------------------------
+
+/// One request as the server received it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    /// The raw query string, still percent-encoded.
+    pub query: String,
+    pub watch: bool,
+    pub at: Instant,
+}
+
+impl Request {
+    /// The decoded value of query parameter `name`.
+    pub fn param(&self, name: &str) -> Option<String> {
+        Query::parse(&self.query).get(name).map(str::to_owned)
+    }
+
+    /// A GET of a collection that is not a watch.
+    pub fn is_list(&self) -> bool {
+        self.method == "GET"
+            && !self.watch
+            && matches!(Route::parse(&self.path), Route::Collection { .. })
+    }
+}
+
+/// The fake apiserver. Dropping it shuts it down and joins its thread.
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    ca_pem: String,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    commands: Option<mpsc::UnboundedSender<Command>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Listens on 127.0.0.1 on a free port, with a fresh CA and serving certificate.
+    pub fn start() -> ApiServer {
+        let (ca_pem, tls) = tls_config();
+        let listener = StdTcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local address").port();
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new()),
+            token: B64_URL.encode(random_bytes(32)),
+            port,
+            tls,
+            last_event_sent: Mutex::new(None),
+            flow_schema_uid: new_uid(),
+            priority_level_uid: new_uid(),
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(port, &ca_pem, &shared.token))
+            .expect("write kubeconfig");
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let thread = {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name("fake-apiserver".into())
+                .spawn(move || run(shared, receiver))
+                .expect("spawn apiserver thread")
+        };
+        let server = ApiServer {
+            shared,
+            ca_pem,
+            kubeconfig,
+            _dir: dir,
+            commands: Some(commands),
+            thread: Some(thread),
+        };
+        server.listen(listener);
+        server
+    }
+
+    /// A kubeconfig for this server: CA data, a bearer token user, current-context set.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.shared.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.shared.port
+    }
+
+    /// The bearer token the server accepts.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// The PEM of the CA that signed the serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// Creates or replaces a ConfigMap and returns its resourceVersion. Like a real update, a
+    /// replace that changes nothing is a no-op: no new resourceVersion and no event.
+    pub fn put_configmap(
+        &self,
+        namespace: &str,
+        name: &str,
+        data: &[(&str, &str)],
+        binary_data: &[(&str, &[u8])],
+    ) -> u64 {
+        let mut st = self.shared.store();
+        let key = (Res::ConfigMaps, namespace.to_owned(), name.to_owned());
+        let prev = st.current.get(&key).cloned();
+        let obj = configmap_object(namespace, name, data, binary_data, prev.as_deref());
+        if let Some(p) = &prev
+            && p.get("data") == obj.get("data")
+            && p.get("binaryData") == obj.get("binaryData")
+        {
+            return object_rv(p);
+        }
+        st.commit(key, Some(obj))
+    }
+
+    /// Deletes a ConfigMap (DELETED carries its last state with the deletion's resourceVersion).
+    /// Deleting one that does not exist changes nothing and returns the current resourceVersion.
+    pub fn delete_configmap(&self, namespace: &str, name: &str) -> u64 {
+        self.delete((Res::ConfigMaps, namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Creates or replaces the cluster-scoped ControllerConfig `name` with
+    /// `spec.kubeAPIServerServingCAData` set verbatim (it is meant to be base64; it is not
+    /// checked). A replace with the same data is a no-op, as on a real server.
+    pub fn put_controllerconfig(&self, name: &str, kube_apiserver_serving_ca_data: &str) -> u64 {
+        let mut st = self.shared.store();
+        let key = (Res::ControllerConfigs, String::new(), name.to_owned());
+        let prev = st.current.get(&key).cloned();
+        let release = match &prev {
+            Some(p) => str_at(p, "/spec/releaseImage").to_owned(),
+            None => release_image(0),
+        };
+        if let Some(p) = &prev
+            && str_at(p, "/spec/kubeAPIServerServingCAData") == kube_apiserver_serving_ca_data
+        {
+            return object_rv(p);
+        }
+        let obj = controllerconfig_object(
+            name,
+            kube_apiserver_serving_ca_data,
+            &release,
+            prev.as_deref(),
+        );
+        st.commit(key, Some(obj))
+    }
+
+    pub fn delete_controllerconfig(&self, name: &str) -> u64 {
+        self.delete((Res::ControllerConfigs, String::new(), name.to_owned()))
+    }
+
+    /// Changes an unrelated field (`spec.releaseImage`, so `metadata.generation` too): a new
+    /// resourceVersion and a MODIFIED event with the CA data unchanged. Panics if there is no
+    /// such ControllerConfig.
+    pub fn touch_controllerconfig(&self, name: &str) -> u64 {
+        let mut st = self.shared.store();
+        let key = (Res::ControllerConfigs, String::new(), name.to_owned());
+        let Some(prev) = st.current.get(&key).cloned() else {
+            panic!("touch_controllerconfig: no ControllerConfig {name:?}");
+        };
+        st.touches += 1;
+        let release = release_image(st.touches);
+        let ca = str_at(&prev, "/spec/kubeAPIServerServingCAData").to_owned();
+        let obj = controllerconfig_object(name, &ca, &release, Some(&prev));
+        st.commit(key, Some(obj))
+    }
+
+    /// Closes the listener and drops every connection without a clean end (as a crashed or
+    /// killed apiserver does): clients get EOF mid-stream, then connection refused.
+    pub fn stop(&self) {
+        self.roundtrip(Command::Stop);
+    }
+
+    /// Listens again on the same port with the same objects and resourceVersion counter. Like a
+    /// real restarted apiserver, its watch cache starts from a fresh list: a watch resuming from
+    /// a resourceVersion older than the current one gets 410 Expired (so clients relist).
+    pub fn restart(&self) {
+        self.stop();
+        let listener = bind_retrying(self.shared.port);
+        {
+            let mut st = self.shared.store();
+            st.watch_floor = st.rv;
+        }
+        self.listen(listener);
+    }
+
+    /// Like etcd compaction (and the watch cache moving on): a watch resuming from a
+    /// resourceVersion older than the current one gets an ERROR event with 410 Expired; an exact
+    /// list, or a `continue`, at an older one gets HTTP 410.
+    pub fn compact(&self) {
+        self.shared.store().compact();
+    }
+
+    /// Ends every open watch cleanly, after the events already queued for it, as the server does
+    /// when `timeoutSeconds` elapses.
+    pub fn close_watches(&self) {
+        for w in self.shared.store().watches.values() {
+            let _ = w.tx.send(Msg::Close);
+        }
+    }
+
+    /// The next `count` requests, whatever they are, fail with a metav1 Status of HTTP `code`
+    /// (403 Forbidden, 500 InternalError, ...). A 410 on a watch comes as an ERROR event in a 200
+    /// stream, as kube-apiserver sends it. Note that kube-rs's client retries 429, 503 and 504 by
+    /// itself (up to 15 times), so those need a larger `count` to reach the caller.
+    pub fn fail_next(&self, count: usize, code: u16) {
+        self.shared.store().fail = (count > 0).then_some((count, code));
+    }
+
+    /// How often watches that asked for `allowWatchBookmarks=true` get a BOOKMARK (kube-apiserver:
+    /// about every minute, and 2 s before the watch's timeout). As on the real server a bookmark
+    /// is only sent when the resourceVersion moved past what the watch has already seen (changes
+    /// to objects the watch does not select move it too). Default 1 s. Takes effect on each
+    /// watch's next scheduled bookmark.
+    pub fn set_bookmark_interval(&self, every: Duration) {
+        self.shared.store().bookmark_interval = every.max(Duration::from_millis(10));
+    }
+
+    /// Turns the WatchList feature gate on or off (off by default, as in Kubernetes 1.33): with it
+    /// off a watch with `sendInitialEvents` is rejected with 422 Invalid; with it on it is served
+    /// as a streaming list (initial ADDED events, then a BOOKMARK annotated
+    /// `k8s.io/initial-events-end`).
+    pub fn set_watch_list(&self, enabled: bool) {
+        self.shared.store().watch_list = enabled;
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.shared.store().requests.clone()
+    }
+
+    pub fn open_watches(&self) -> usize {
+        self.shared.store().watches.len()
+    }
+
+    /// When the last ADDED/MODIFIED/DELETED watch event was flushed to a client's socket
+    /// (bookmarks do not count).
+    pub fn last_event_sent(&self) -> Option<Instant> {
+        *lock(&self.shared.last_event_sent)
+    }
+
+    /// The current resourceVersion (the last one handed out).
+    pub fn resource_version(&self) -> u64 {
+        self.shared.store().rv
+    }
+
+    fn delete(&self, key: Key) -> u64 {
+        let mut st = self.shared.store();
+        if st.current.contains_key(&key) {
+            st.commit(key, None)
+        } else {
+            st.rv
+        }
+    }
+
+    fn listen(&self, listener: StdTcpListener) {
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        self.roundtrip(|done| Command::Listen(listener, done));
+    }
+
+    fn roundtrip(&self, command: impl FnOnce(std_mpsc::SyncSender<()>) -> Command) {
+        let (done, wait) = std_mpsc::sync_channel(1);
+        let commands = self.commands.as_ref().expect("server is running");
+        commands
+            .send(command(done))
+            .expect("apiserver thread alive");
+        wait.recv().expect("apiserver thread answered");
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        // Closing the command channel ends the control loop, which stops serving first.
+        self.commands.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Binds the port again after `stop`; retries briefly in case the old socket is still closing.
+fn bind_retrying(port: u16) -> StdTcpListener {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match StdTcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            Ok(listener) => return listener,
+            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("rebind 127.0.0.1:{port}: {e}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+enum Res {
+    ConfigMaps,
+    ControllerConfigs,
+}
+
+impl Res {
+    fn kind(self) -> &'static str {
+        match self {
+            Res::ConfigMaps => "ConfigMap",
+            Res::ControllerConfigs => "ControllerConfig",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Res::ConfigMaps => "v1",
+            Res::ControllerConfigs => "machineconfiguration.openshift.io/v1",
+        }
+    }
+
+    fn group(self) -> &'static str {
+        match self {
+            Res::ConfigMaps => "",
+            Res::ControllerConfigs => MCO_GROUP,
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Res::ConfigMaps => "configmaps",
+            Res::ControllerConfigs => "controllerconfigs",
+        }
+    }
+
+    fn namespaced(self) -> bool {
+        self == Res::ConfigMaps
+    }
+
+    /// Built-in types are encoded from Go structs, custom resources from unstructured maps. It
+    /// shows on the wire: items of a built-in list have no kind/apiVersion (kubernetes#3030),
+    /// items of a custom resource list keep them; and JSON keys of custom resources are sorted.
+    fn builtin(self) -> bool {
+        self == Res::ConfigMaps
+    }
+
+    /// The resource as named in error messages: "configmaps", "controllerconfigs.group".
+    fn qualified(self) -> String {
+        match self.group() {
+            "" => self.plural().to_owned(),
+            group => format!("{}.{group}", self.plural()),
+        }
+    }
+}
+
+/// (resource, namespace or "" when cluster-scoped, name).
+type Key = (Res, String, String);
+
+/// One write, as etcd's history and the watch cache keep it.
+struct Change {
+    rv: u64,
+    key: Key,
+    /// The new state; None for a deletion.
+    obj: Option<Arc<Value>>,
+    prev: Option<Arc<Value>>,
+}
+
+struct WatchReg {
+    filter: Filter,
+    /// Only changes after this resourceVersion are sent live (the rest were replayed).
+    after: u64,
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+struct Store {
+    /// The global revision counter: the last resourceVersion handed out.
+    rv: u64,
+    /// etcd's compaction revision: exact reads and continue tokens below it get 410.
+    compacted: u64,
+    /// The watch cache's floor: watches resuming below it get 410 (`oldest - 1` upstream).
+    watch_floor: u64,
+    /// The state at `compacted`, and every change since.
+    base: BTreeMap<Key, Arc<Value>>,
+    log: Vec<Change>,
+    current: BTreeMap<Key, Arc<Value>>,
+    watches: HashMap<u64, WatchReg>,
+    next_watch_id: u64,
+    requests: Vec<Request>,
+    fail: Option<(usize, u16)>,
+    bookmark_interval: Duration,
+    watch_list: bool,
+    touches: u64,
+}
+
+impl Store {
+    fn new() -> Store {
+        Store {
+            rv: INITIAL_RV,
+            compacted: INITIAL_RV,
+            watch_floor: INITIAL_RV,
+            base: BTreeMap::new(),
+            log: Vec::new(),
+            current: BTreeMap::new(),
+            watches: HashMap::new(),
+            next_watch_id: 1,
+            requests: Vec::new(),
+            fail: None,
+            bookmark_interval: Duration::from_secs(1),
+            watch_list: false,
+            touches: 0,
+        }
+    }
+
+    /// Writes `obj` (None deletes) at the next resourceVersion and tells the watches.
+    fn commit(&mut self, key: Key, obj: Option<Value>) -> u64 {
+        self.rv += 1;
+        let rv = self.rv;
+        let obj = obj.map(|mut o| {
+            o["metadata"]["resourceVersion"] = json!(rv.to_string());
+            Arc::new(o)
+        });
+        let prev = match &obj {
+            Some(o) => self.current.insert(key.clone(), o.clone()),
+            None => self.current.remove(&key),
+        };
+        let change = Change { rv, key, obj, prev };
+        for w in self.watches.values() {
+            if rv > w.after
+                && let Some(line) = w.filter.event(&change)
+            {
+                let _ = w.tx.send(Msg::Line(line));
+            }
+        }
+        self.log.push(change);
+        rv
+    }
+
+    /// The objects as of resourceVersion `rv` (at least `compacted`).
+    fn snapshot(&self, rv: u64) -> BTreeMap<Key, Arc<Value>> {
+        if rv >= self.rv {
+            return self.current.clone();
+        }
+        let mut state = self.base.clone();
+        for c in self.log.iter().take_while(|c| c.rv <= rv) {
+            match &c.obj {
+                Some(o) => state.insert(c.key.clone(), o.clone()),
+                None => state.remove(&c.key),
+            };
+        }
+        state
+    }
+
+    fn compact(&mut self) {
+        self.base = self.current.clone();
+        self.log.clear();
+        self.compacted = self.rv;
+        self.watch_floor = self.rv;
+    }
+
+    fn take_failure(&mut self) -> Option<u16> {
+        let (count, code) = self.fail?;
+        self.fail = (count > 1).then_some((count - 1, code));
+        Some(code)
+    }
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    token: String,
+    port: u16,
+    tls: Arc<rustls::ServerConfig>,
+    last_event_sent: Mutex<Option<Instant>>,
+    flow_schema_uid: String,
+    priority_level_uid: String,
+}
+
+impl Shared {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        lock(&self.store)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn object_rv(obj: &Value) -> u64 {
+    str_at(obj, "/metadata/resourceVersion")
+        .parse()
+        .unwrap_or(0)
+}
+
+fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
+    obj.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects
+// ---------------------------------------------------------------------------------------------
+
+fn configmap_object(
+    namespace: &str,
+    name: &str,
+    data: &[(&str, &str)],
+    binary_data: &[(&str, &[u8])],
+    prev: Option<&Value>,
+) -> Value {
+    let (uid, created) = identity(prev);
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    let binary: serde_json::Map<String, Value> = binary_data
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(B64.encode(v))))
+        .collect();
+    // managedFields as `kubectl create configmap` leaves them.
+    let mut fields = serde_json::Map::new();
+    for (section, map) in [("f:binaryData", &binary), ("f:data", &data)] {
+        if !map.is_empty() {
+            let mut f: serde_json::Map<String, Value> =
+                map.keys().map(|k| (format!("f:{k}"), json!({}))).collect();
+            f.insert(".".into(), json!({}));
+            fields.insert(section.into(), Value::Object(f));
+        }
+    }
+    let mut obj = json!({
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "resourceVersion": "",
+            "creationTimestamp": created,
+            "managedFields": [{
+                "manager": "kubectl-create",
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": now_rfc3339(),
+                "fieldsType": "FieldsV1",
+                "fieldsV1": fields,
+            }],
+        },
+    });
+    // Empty maps are omitted (omitempty).
+    if !data.is_empty() {
+        obj["data"] = Value::Object(data);
+    }
+    if !binary.is_empty() {
+        obj["binaryData"] = Value::Object(binary);
+    }
+    obj
+}
+
+/// An OpenShift ControllerConfig as the machine-config-operator writes it: the field under test
+/// plus the rest of a real spec and status, so that objects are of realistic size.
+fn controllerconfig_object(
+    name: &str,
+    ca_data: &str,
+    release: &str,
+    prev: Option<&Value>,
+) -> Value {
+    let (uid, created) = identity(prev);
+    let generation = prev
+        .and_then(|p| p.pointer("/metadata/generation"))
+        .and_then(Value::as_i64)
+        .map_or(1, |g| g + 1);
+    let art = |component: &str| {
+        format!(
+            "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{}",
+            hex(&seeded_bytes(component, 32))
+        )
+    };
+    let now = now_rfc3339();
+    let managed_fields = json!([
+        {
+            "manager": "machine-config-operator",
+            "operation": "Update",
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "time": now,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, "f:machineconfiguration.openshift.io/generated-by-controller-version": {}}}, "f:spec": {".": {}, "f:additionalTrustBundle": {}, "f:baseOSContainerImage": {}, "f:baseOSExtensionsContainerImage": {}, "f:cloudProviderCAData": {}, "f:cloudProviderConfig": {}, "f:clusterDNSIP": {}, "f:dns": {}, "f:images": {}, "f:infra": {}, "f:internalRegistryPullSecret": {}, "f:ipFamilies": {}, "f:kubeAPIServerServingCAData": {}, "f:network": {}, "f:networkType": {}, "f:osImageURL": {}, "f:platform": {}, "f:proxy": {}, "f:pullSecret": {}, "f:releaseImage": {}, "f:rootCAData": {}}}
+        },
+        {
+            "manager": "machine-config-controller",
+            "operation": "Update",
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "time": now,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:status": {".": {}, "f:conditions": {}, "f:controllerCertificates": {}, "f:observedGeneration": {}}},
+            "subresource": "status"
+        }
+    ]);
+    let dns = json!({
+        "apiVersion": "config.openshift.io/v1",
+        "kind": "DNS",
+        "metadata": {"creationTimestamp": created, "generation": 1, "name": "cluster", "resourceVersion": "535", "uid": "a1e7c3d2-6b0f-4c4e-9d57-0c0a5b3e8f11"},
+        "spec": {"baseDomain": "fixture.example.com", "platform": {"aws": null, "type": ""}},
+        "status": {}
+    });
+    let images = json!({
+        "apiServerWatcherKey": art("apiserver-watcher"),
+        "baremetalRuntimeCfgImage": art("baremetal-runtimecfg"),
+        "corednsImage": art("coredns"),
+        "haproxyImage": art("haproxy-router"),
+        "infraImageKey": art("pod"),
+        "keepalivedImage": art("keepalived-ipfailover"),
+        "kubeClientAgentImageKey": art("kube-client-agent"),
+        "releaseImageKey": release,
+    });
+    let infra_status = json!({
+        "apiServerInternalURI": "https://api-int.fixture.example.com:6443",
+        "apiServerURL": "https://api.fixture.example.com:6443",
+        "controlPlaneTopology": "HighlyAvailable",
+        "cpuPartitioning": "None",
+        "etcdDiscoveryDomain": "",
+        "infrastructureName": "fixture-7xk2p",
+        "infrastructureTopology": "HighlyAvailable",
+        "platform": "None",
+        "platformStatus": {"type": "None"}
+    });
+    let infra = json!({
+        "apiVersion": "config.openshift.io/v1",
+        "kind": "Infrastructure",
+        "metadata": {"creationTimestamp": created, "generation": 1, "name": "cluster", "resourceVersion": "540", "uid": "5f0c1b9e-2a7d-4f3b-8e6a-9b2d4c1e7a30"},
+        "spec": {"cloudConfig": {"name": ""}, "platformSpec": {"type": "None"}},
+        "status": infra_status
+    });
+    let spec = json!({
+        "additionalTrustBundle": null,
+        "baseOSContainerImage": art("rhel-coreos"),
+        "baseOSExtensionsContainerImage": art("rhel-coreos-extensions"),
+        "cloudProviderCAData": null,
+        "cloudProviderConfig": "",
+        "clusterDNSIP": "172.30.0.10",
+        "dns": dns,
+        "images": images,
+        "infra": infra,
+        "internalRegistryPullSecret": B64.encode(pull_secret_json()),
+        "ipFamilies": "IPv4",
+        "kubeAPIServerServingCAData": ca_data,
+        "network": {"mtuMigration": null},
+        "networkType": "OVNKubernetes",
+        "osImageURL": "",
+        "platform": "none",
+        "proxy": null,
+        "pullSecret": {"name": "pull-secret", "namespace": "openshift-config"},
+        "releaseImage": release,
+        "rootCAData": B64.encode(fake_pem("root-ca")),
+    });
+    let certificate = |file: &str, cn: &str| {
+        json!({"bundleFile": file, "notAfter": "2035-01-01T00:00:00Z", "notBefore": "2025-01-01T00:00:00Z",
+               "signer": format!("CN={cn},OU=openshift"), "subject": format!("CN={cn},OU=openshift")})
+    };
+    let condition = |kind: &str, status: &str| json!({"lastTransitionTime": created, "message": "", "reason": "", "status": status, "type": kind});
+    let status = json!({
+        "conditions": [
+            condition("TemplateControllerFailing", "False"),
+            condition("TemplateControllerRunning", "False"),
+            condition("TemplateControllerCompleted", "True"),
+        ],
+        "controllerCertificates": [
+            certificate("KubeAPIServerServingCAData", "kube-apiserver-lb-signer"),
+            certificate("KubeAPIServerServingCAData", "kube-apiserver-localhost-signer"),
+            certificate("RootCAData", "root-ca"),
+        ],
+        "observedGeneration": generation
+    });
+    json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "ControllerConfig",
+        "metadata": {
+            "name": name,
+            "uid": uid,
+            "resourceVersion": "",
+            "generation": generation,
+            "creationTimestamp": created,
+            "annotations": {
+                "machineconfiguration.openshift.io/generated-by-controller-version": "4.20.0-202510141116.p2.g1d4f2b5.assembly.stream.el9"
+            },
+            "managedFields": managed_fields,
+        },
+        "spec": spec,
+        "status": status,
+    })
+}
+
+fn release_image(serial: u64) -> String {
+    format!(
+        "quay.io/openshift-release-dev/ocp-release@sha256:{}",
+        hex(&seeded_bytes(&format!("release-{serial}"), 32))
+    )
+}
+
+fn pull_secret_json() -> String {
+    let auth = B64.encode(seeded_bytes("registry-auth", 600));
+    format!(
+        "{{\"auths\":{{\"image-registry.openshift-image-registry.svc:5000\":{{\"auth\":\"{auth}\"}},\"image-registry.openshift-image-registry.svc.cluster.local:5000\":{{\"auth\":\"{auth}\"}}}}}}"
+    )
+}
+
+/// PEM armour around random bytes: the size and shape of a certificate, not a valid one.
+fn fake_pem(seed: &str) -> String {
+    let body = B64.encode(seeded_bytes(seed, 900));
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap());
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
+}
+
+/// The uid and creationTimestamp kept across updates, or fresh ones for a create.
+fn identity(prev: Option<&Value>) -> (String, String) {
+    match prev {
+        Some(p) => (
+            str_at(p, "/metadata/uid").to_owned(),
+            str_at(p, "/metadata/creationTimestamp").to_owned(),
+        ),
+        None => (new_uid(), now_rfc3339()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selectors
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct FieldReq {
+    field: String,
+    equal: bool,
+    value: String,
+}
+
+#[derive(Clone)]
+enum LabelReq {
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// What one list or watch selects: a resource, maybe one namespace, field and label selectors.
+#[derive(Clone)]
+struct Filter {
+    res: Res,
+    namespace: Option<String>,
+    fields: Vec<FieldReq>,
+    labels: Vec<LabelReq>,
+}
+
+impl Filter {
+    fn parse(res: Res, namespace: Option<String>, q: &Query) -> Result<Filter, Status> {
+        Ok(Filter {
+            res,
+            namespace,
+            fields: parse_field_selector(res, q.get("fieldSelector").unwrap_or(""))?,
+            labels: parse_label_selector(q.get("labelSelector").unwrap_or(""))?,
+        })
+    }
+
+    fn selects_everything(&self) -> bool {
+        self.fields.is_empty() && self.labels.is_empty()
+    }
+
+    fn matches(&self, key: &Key, obj: &Value) -> bool {
+        if key.0 != self.res || self.namespace.as_ref().is_some_and(|ns| *ns != key.1) {
+            return false;
+        }
+        let fields_ok = self.fields.iter().all(|f| {
+            let actual = match f.field.as_str() {
+                "metadata.name" => &key.2,
+                _ => &key.1,
+            };
+            (*actual == f.value) == f.equal
+        });
+        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+        let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        let labels_ok = self.labels.iter().all(|r| match r {
+            LabelReq::In(k, vs) => label(k).is_some_and(|v| vs.iter().any(|x| x == v)),
+            LabelReq::NotIn(k, vs) => label(k).is_none_or(|v| !vs.iter().any(|x| x == v)),
+            LabelReq::Exists(k) => label(k).is_some(),
+            LabelReq::NotExists(k) => label(k).is_none(),
+        });
+        fields_ok && labels_ok
+    }
+
+    /// The event this watch sees for a change, as the watch cache decides it
+    /// (cacheWatcher.convertToWatchEvent): an object that starts matching is ADDED, one that
+    /// stops matching is DELETED with its previous state stamped with the change's
+    /// resourceVersion.
+    fn event(&self, c: &Change) -> Option<Line> {
+        let now = c.obj.as_ref().filter(|o| self.matches(&c.key, o));
+        let before = c.prev.as_ref().filter(|o| self.matches(&c.key, o));
+        match (now, before) {
+            (Some(o), None) => Some(Line::event("ADDED", o, c.rv)),
+            (Some(o), Some(_)) => Some(Line::event("MODIFIED", o, c.rv)),
+            (None, Some(p)) => {
+                let mut p = (**p).clone();
+                p["metadata"]["resourceVersion"] = json!(c.rv.to_string());
+                Some(Line::event("DELETED", &p, c.rv))
+            }
+            (None, None) => None,
+        }
+    }
+}
+
+/// fields.ParseSelector, then the resource's field label conversion.
+fn parse_field_selector(res: Res, selector: &str) -> Result<Vec<FieldReq>, Status> {
+    let mut reqs = Vec::new();
+    for term in split_unescaped(selector, ',') {
+        if term.is_empty() {
+            continue;
+        }
+        let Some((field, op, value)) = split_field_term(&term) else {
+            return Err(Status::bad_request(format!(
+                "invalid selector: '{selector}'; can't understand '{term}'"
+            )));
+        };
+        let supported = match res {
+            Res::ConfigMaps => field == "metadata.name" || field == "metadata.namespace",
+            // A cluster-scoped custom resource knows only metadata.name (crConverter).
+            Res::ControllerConfigs => field == "metadata.name",
+        };
+        if !supported {
+            // The two messages differ upstream: runtime.DefaultMetaV1FieldSelectorConversion for
+            // built-in types, the CRD handler's crConverter for custom resources.
+            return Err(Status::bad_request(if res.builtin() {
+                format!(
+                    "{field:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                )
+            } else {
+                format!("field label not supported: {field}")
+            }));
+        }
+        reqs.push(FieldReq {
+            field: field.to_owned(),
+            equal: op != "!=",
+            value: unescape_field_value(value).map_err(Status::bad_request)?,
+        });
+    }
+    Ok(reqs)
+}
+
+/// Splits on `sep` not preceded by a backslash (fields.splitTerms).
+fn split_unescaped(s: &str, sep: char) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut escaped = false;
+    for c in s.chars() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == sep {
+            out.push(String::new());
+            continue;
+        }
+        out.last_mut().unwrap().push(c);
+    }
+    out
+}
+
+/// The first of "!=", "==", "=" found scanning left to right (fields.splitTerm).
+fn split_field_term(term: &str) -> Option<(&str, &str, &str)> {
+    for i in 0..term.len() {
+        let rest = &term[i..];
+        for op in ["!=", "==", "="] {
+            if rest.starts_with(op) {
+                return Some((&term[..i], op, &term[i + op.len()..]));
+            }
+        }
+    }
+    None
+}
+
+fn unescape_field_value(v: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                _ => {
+                    return Err(format!(
+                        "invalid field selector: invalid escape sequence in {v:?}"
+                    ));
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// labels.Parse for the common forms: k=v, k==v, k!=v, k in (..), k notin (..), k, !k.
+fn parse_label_selector(selector: &str) -> Result<Vec<LabelReq>, Status> {
+    let mut terms = vec![String::new()];
+    let mut depth = 0;
+    for c in selector.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        terms.last_mut().unwrap().push(c);
+    }
+    let bad = |t: &str| {
+        Status::bad_request(format!(
+            "unable to parse requirement: found '{t}', expected a valid label requirement"
+        ))
+    };
+    let key = |k: &str| {
+        let k = k.trim();
+        (!k.is_empty() && !k.contains(char::is_whitespace) && !k.contains(['=', '!', '(', ')']))
+            .then(|| k.to_owned())
+    };
+    let set = |s: &str| {
+        let s = s.trim();
+        s.strip_prefix('(')
+            .and_then(|s| s.strip_suffix(')'))
+            .map(|inner| inner.split(',').map(|v| v.trim().to_owned()).collect())
+    };
+    let mut reqs = Vec::new();
+    for term in terms.iter().map(|t| t.trim()).filter(|t| !t.is_empty()) {
+        let req = if let Some(k) = term.strip_prefix('!') {
+            key(k).map(LabelReq::NotExists)
+        } else if let Some((k, vs)) = term.split_once(" notin ") {
+            key(k).zip(set(vs)).map(|(k, vs)| LabelReq::NotIn(k, vs))
+        } else if let Some((k, vs)) = term.split_once(" in ") {
+            key(k).zip(set(vs)).map(|(k, vs)| LabelReq::In(k, vs))
+        } else if let Some((k, v)) = term.split_once("!=") {
+            key(k).map(|k| LabelReq::NotIn(k, vec![v.trim().to_owned()]))
+        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            key(k).map(|k| LabelReq::In(k, vec![v.trim().to_owned()]))
+        } else {
+            key(term).map(LabelReq::Exists)
+        };
+        reqs.push(req.ok_or_else(|| bad(term))?);
+    }
+    Ok(reqs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Status errors
+// ---------------------------------------------------------------------------------------------
+
+/// A metav1 Status with HTTP code.
+struct Status {
+    code: u16,
+    reason: &'static str,
+    message: String,
+    details: Option<Value>,
+    /// Becomes the Retry-After header too (as responsewriters do for details.retryAfterSeconds).
+    retry_after: Option<u64>,
+    /// metadata.continue (only for an expired continue token).
+    continue_token: Option<String>,
+}
+
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
+
+impl Status {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Status {
+        Status {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+            retry_after: None,
+            continue_token: None,
+        }
+    }
+
+    fn details(mut self, details: Value) -> Status {
+        if let Some(secs) = details.get("retryAfterSeconds").and_then(Value::as_u64) {
+            self.retry_after = Some(secs);
+        }
+        self.details = Some(details);
+        self
+    }
+
+    fn bad_request(message: impl Into<String>) -> Status {
+        Status::new(400, "BadRequest", message)
+    }
+
+    fn unauthorized() -> Status {
+        Status::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// The RBAC denial message (authorization.ForbiddenStatus).
+    fn forbidden(user: &str, verb: &str, route: &Route, path: &str) -> Status {
+        let Some((res, ns, name)) = route.resource() else {
+            return Status::new(
+                403,
+                "Forbidden",
+                format!("forbidden: User {user:?} cannot {verb} path {path:?}"),
+            )
+            .details(json!({}));
+        };
+        let subject = match name {
+            Some(n) => format!("{} {n:?}", res.qualified()),
+            None => res.qualified(),
+        };
+        let scope = match ns {
+            Some(ns) => format!("in the namespace {ns:?}"),
+            None => "at the cluster scope".to_owned(),
+        };
+        let message = format!(
+            "{subject} is forbidden: User {user:?} cannot {verb} resource {:?} in API group {:?} {scope}",
+            res.plural(),
+            res.group()
+        );
+        Status::new(403, "Forbidden", message).details(resource_details(res, name))
+    }
+
+    /// An unknown path (the apiserver's NotFound handler).
+    fn path_not_found() -> Status {
+        Status::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+        .details(json!({}))
+    }
+
+    fn not_found(res: Res, name: &str) -> Status {
+        Status::new(
+            404,
+            "NotFound",
+            format!("{} {name:?} not found", res.qualified()),
+        )
+        .details(resource_details(res, Some(name)))
+    }
+
+    fn method_not_allowed() -> Status {
+        Status::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+        .details(json!({}))
+    }
+
+    fn expired(message: impl Into<String>) -> Status {
+        Status::new(410, "Expired", message)
+    }
+
+    /// What the watch cache says for a watch from before its window.
+    fn too_old_watch(requested: u64, floor: u64) -> Status {
+        Status::expired(format!("too old resource version: {requested} ({floor})"))
+    }
+
+    /// storage.NewTooLargeResourceVersionError: a read at a resourceVersion the server has not
+    /// reached, after waiting 3 s for it.
+    fn too_large(requested: u64, current: u64) -> Status {
+        Status::new(
+            504,
+            "Timeout",
+            format!("Timeout: Too large resource version: {requested}, current: {current}"),
+        )
+        .details(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1
+        }))
+    }
+
+    /// 422 for bad ListOptions (apimachinery's ValidateListOptions).
+    fn invalid_list_options(errs: Vec<FieldError>) -> Status {
+        let texts: Vec<String> = errs
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.body))
+            .collect();
+        let joined = match texts.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let causes: Vec<Value> = errs
+            .iter()
+            .map(|e| json!({"reason": e.reason, "message": e.body, "field": e.field}))
+            .collect();
+        Status::new(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {joined}"),
+        )
+        .details(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes}))
+    }
+
+    /// What `fail_next` injects, worded as the real server words that error.
+    fn injected(code: u16, route: &Route, verb: &str, path: &str) -> Status {
+        let (res_name, res) = match route.resource() {
+            Some((res, _, name)) => (name.unwrap_or(""), Some(res)),
+            None => ("", None),
+        };
+        match code {
+            400 => Status::bad_request("the server rejected our request for an unknown reason"),
+            401 => Status::unauthorized(),
+            403 => Status::forbidden(USER, verb, route, path),
+            404 => match res {
+                Some(res) if !res_name.is_empty() => Status::not_found(res, res_name),
+                _ => Status::path_not_found(),
+            },
+            405 => Status::method_not_allowed(),
+            409 => Status::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} {res_name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                    res.map_or_else(|| "resource".to_owned(), Res::qualified)
+                ),
+            ),
+            410 => Status::expired("The resourceVersion for the provided list is too old."),
+            429 => Status::new(429, "TooManyRequests", "Too many requests, please try again later.")
+                .details(json!({"retryAfterSeconds": 1})),
+            500 => Status::new(
+                500,
+                "InternalError",
+                "Internal error occurred: etcdserver: request timed out",
+            )
+            .details(json!({"causes": [{"message": "etcdserver: request timed out"}]})),
+            503 => Status::new(
+                503,
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+            ),
+            504 => Status::new(
+                504,
+                "Timeout",
+                "Timeout: request did not complete within requested timeout - context deadline exceeded",
+            )
+            .details(json!({})),
+            _ => Status::new(code, "", format!("the server responded with HTTP {code}")),
+        }
+    }
+
+    /// The JSON, in Go's field order.
+    fn json(&self) -> String {
+        let mut s = String::from("{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":");
+        match &self.continue_token {
+            Some(c) => s.push_str(&json!({"continue": c}).to_string()),
+            None => s.push_str("{}"),
+        }
+        s.push_str(",\"status\":\"Failure\",\"message\":");
+        s.push_str(&json!(self.message).to_string());
+        if !self.reason.is_empty() {
+            s.push_str(&format!(",\"reason\":\"{}\"", self.reason));
+        }
+        if let Some(d) = &self.details {
+            s.push_str(&format!(",\"details\":{d}"));
+        }
+        s.push_str(&format!(",\"code\":{}}}", self.code));
+        s
+    }
+}
+
+fn resource_details(res: Res, name: Option<&str>) -> Value {
+    let mut d = serde_json::Map::new();
+    if let Some(n) = name {
+        d.insert("name".into(), json!(n));
+    }
+    if !res.group().is_empty() {
+        d.insert("group".into(), json!(res.group()));
+    }
+    d.insert("kind".into(), json!(res.plural()));
+    Value::Object(d)
+}
+
+struct FieldError {
+    field: &'static str,
+    reason: &'static str,
+    body: String,
+}
+
+fn forbidden_field(field: &'static str, detail: &str) -> FieldError {
+    FieldError {
+        field,
+        reason: "FieldValueForbidden",
+        body: format!("Forbidden: {detail}"),
+    }
+}
+
+fn unsupported_field(field: &'static str, value: &str, supported: &[&str]) -> FieldError {
+    let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+    FieldError {
+        field,
+        reason: "FieldValueNotSupported",
+        body: format!(
+            "Unsupported value: {value:?}: supported values: {}",
+            supported.join(", ")
+        ),
+    }
+}
+
+/// ValidateListOptions for a list.
+fn validate_list(
+    rv: &str,
+    rv_match: &str,
+    cont: &str,
+    send_initial: Option<bool>,
+) -> Result<(), Status> {
+    let mut errs = Vec::new();
+    if !rv_match.is_empty() {
+        if rv.is_empty() {
+            errs.push(forbidden_field(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if !cont.is_empty() {
+            errs.push(forbidden_field(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+        if rv_match != "Exact" && rv_match != "NotOlderThan" {
+            errs.push(unsupported_field(
+                "resourceVersionMatch",
+                rv_match,
+                &["Exact", "NotOlderThan", ""],
+            ));
+        }
+        if rv_match == "Exact" && rv == "0" {
+            errs.push(forbidden_field(
+                "resourceVersionMatch",
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
+        }
+    }
+    if send_initial.is_some() {
+        errs.push(forbidden_field(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
+        ));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(Status::invalid_list_options(errs))
+    }
+}
+
+/// ValidateListOptions for a watch.
+fn validate_watch(
+    rv_match: &str,
+    cont: &str,
+    send_initial: Option<bool>,
+    watch_list_gate: bool,
+) -> Result<(), Status> {
+    let mut errs = Vec::new();
+    if send_initial.is_some() {
+        if rv_match != "NotOlderThan" {
+            errs.push(forbidden_field(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        if !watch_list_gate {
+            errs.push(forbidden_field(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ));
+        }
+    }
+    if !rv_match.is_empty() {
+        if send_initial.is_none() {
+            errs.push(forbidden_field(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if rv_match != "NotOlderThan" {
+            errs.push(unsupported_field(
+                "resourceVersionMatch",
+                rv_match,
+                &["NotOlderThan"],
+            ));
+        }
+        if !cont.is_empty() {
+            errs.push(forbidden_field(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(Status::invalid_list_options(errs))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------------------------
+
+enum Route {
+    Version,
+    Health,
+    Api,
+    ApiV1,
+    Apis,
+    McoGroup,
+    McoV1,
+    Collection {
+        res: Res,
+        ns: Option<String>,
+    },
+    Object {
+        res: Res,
+        ns: Option<String>,
+        name: String,
+    },
+    Unknown,
+}
+
+impl Route {
+    fn parse(path: &str) -> Route {
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let ns = |s: &str| Some(s.to_owned());
+        match segs.as_slice() {
+            ["version"] => Route::Version,
+            ["healthz" | "livez" | "readyz"] => Route::Health,
+            ["api"] => Route::Api,
+            ["api", "v1"] => Route::ApiV1,
+            ["api", "v1", "configmaps"] => Route::Collection {
+                res: Res::ConfigMaps,
+                ns: None,
+            },
+            ["api", "v1", "namespaces", n, "configmaps"] => Route::Collection {
+                res: Res::ConfigMaps,
+                ns: ns(n),
+            },
+            ["api", "v1", "namespaces", n, "configmaps", name] => Route::Object {
+                res: Res::ConfigMaps,
+                ns: ns(n),
+                name: (*name).to_owned(),
+            },
+            ["apis"] => Route::Apis,
+            ["apis", MCO_GROUP] => Route::McoGroup,
+            ["apis", MCO_GROUP, "v1"] => Route::McoV1,
+            ["apis", MCO_GROUP, "v1", "controllerconfigs"] => Route::Collection {
+                res: Res::ControllerConfigs,
+                ns: None,
+            },
+            ["apis", MCO_GROUP, "v1", "controllerconfigs", name] => Route::Object {
+                res: Res::ControllerConfigs,
+                ns: None,
+                name: (*name).to_owned(),
+            },
+            _ => Route::Unknown,
+        }
+    }
+
+    fn resource(&self) -> Option<(Res, Option<&str>, Option<&str>)> {
+        match self {
+            Route::Collection { res, ns } => Some((*res, ns.as_deref(), None)),
+            Route::Object { res, ns, name } => Some((*res, ns.as_deref(), Some(name))),
+            _ => None,
+        }
+    }
+
+    /// What system:public-info-viewer lets anonymous users read.
+    fn public(&self) -> bool {
+        matches!(self, Route::Version | Route::Health)
+    }
+}
+
+fn verb(method: &str, route: &Route, watch: bool) -> &'static str {
+    let collection = matches!(route, Route::Collection { .. });
+    match method {
+        "POST" => "create",
+        "PUT" => "update",
+        "PATCH" => "patch",
+        "DELETE" if collection => "deletecollection",
+        "DELETE" => "delete",
+        _ if collection && watch => "watch",
+        _ if collection => "list",
+        _ => "get",
+    }
+}
+
+/// Decoded query parameters (url.ParseQuery).
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(raw: &str) -> Query {
+        Query(
+            raw.split('&')
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    (percent_decode(k), percent_decode(v))
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// strconv.ParseBool, as the query parameter codec uses it.
+    fn bool(&self, name: &str) -> Result<Option<bool>, Status> {
+        match self.get(name) {
+            None => Ok(None),
+            Some("1" | "t" | "T" | "TRUE" | "true" | "True") => Ok(Some(true)),
+            Some("0" | "f" | "F" | "FALSE" | "false" | "False") => Ok(Some(false)),
+            Some(v) => Err(Status::bad_request(format!(
+                "strconv.ParseBool: parsing {v:?}: invalid syntax"
+            ))),
+        }
+    }
+
+    fn int(&self, name: &str) -> Result<Option<i64>, Status> {
+        match self.get(name) {
+            None | Some("") => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| {
+                Status::bad_request(format!("strconv.ParseInt: parsing {v:?}: invalid syntax"))
+            }),
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let hex_digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%' && i + 2 < bytes.len())
+            .then(|| Some(hex_digit(bytes[i + 1])? << 4 | hex_digit(bytes[i + 2])?))
+            .flatten();
+        match (bytes[i], escaped) {
+            (_, Some(b)) => {
+                out.push(b);
+                i += 2;
+            }
+            (b'+', None) => out.push(b' '),
+            (b, None) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A resourceVersion parameter: None when empty.
+fn parse_rv(rv: &str) -> Result<Option<u64>, Status> {
+    if rv.is_empty() {
+        return Ok(None);
+    }
+    rv.parse().map(Some).map_err(|_| {
+        Status::bad_request(format!(
+            "resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
+        ))
+    })
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    flushed: Arc<AtomicBool>,
+    req: hyper::Request<Incoming>,
+) -> Response<Body> {
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let raw_query = req.uri().query().unwrap_or("").to_owned();
+    let q = Query::parse(&raw_query);
+    let watch = matches!(q.bool("watch"), Ok(Some(true)));
+    let route = Route::parse(&path);
+    let verb = verb(&method, &route, watch);
+    let injected = {
+        let mut st = shared.store();
+        st.requests.push(Request {
+            method: method.clone(),
+            path: path.clone(),
+            query: raw_query,
+            watch,
+            at: Instant::now(),
+        });
+        st.take_failure()
+    };
+    if let Some(code) = injected {
+        let status = Status::injected(code, &route, verb, &path);
+        // A watch learns of an expired resourceVersion from an ERROR event, not an HTTP 410.
+        if code == 410 && watch && matches!(route, Route::Collection { .. }) {
+            return watch_error(&shared, &status);
+        }
+        return status_reply(&shared, &status);
+    }
+
+    // Authentication (bearer token), then authorization: an invalid token is 401; no token makes
+    // the request anonymous, and system:anonymous may only read /version and the health checks.
+    let bearer = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .and_then(|v| {
+            let mut parts = v.splitn(3, ' ');
+            let scheme = parts.next()?;
+            let token = parts.next()?;
+            (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+        });
+    match bearer {
+        Some(token) if token != shared.token => {
+            return status_reply(&shared, &Status::unauthorized());
+        }
+        None if !route.public() => {
+            let status = Status::forbidden("system:anonymous", verb, &route, &path);
+            return status_reply(&shared, &status);
+        }
+        _ => {}
+    }
+
+    if let Err(status) = q.bool("watch") {
+        return status_reply(&shared, &status);
+    }
+    if method != "GET" {
+        let status = match route {
+            Route::Unknown => Status::path_not_found(),
+            _ => Status::method_not_allowed(),
+        };
+        return status_reply(&shared, &status);
+    }
+    let result = match route {
+        Route::Collection { res, ns } if watch => serve_watch(&shared, flushed, res, ns, &q).await,
+        Route::Collection { res, ns } => serve_list(&shared, res, ns, &q).await,
+        Route::Object { res, ns, name } => serve_get(&shared, res, ns, &name),
+        Route::Health => Ok(reply(&shared, 200, "text/plain; charset=utf-8", full("ok"))),
+        Route::Unknown => Err(Status::path_not_found()),
+        discovery => Ok(json_reply(
+            &shared,
+            200,
+            discovery_json(&discovery, shared.port),
+        )),
+    };
+    result.unwrap_or_else(|status| status_reply(&shared, &status))
+}
+
+fn serve_get(
+    shared: &Shared,
+    res: Res,
+    ns: Option<String>,
+    name: &str,
+) -> Result<Response<Body>, Status> {
+    let key = (res, ns.unwrap_or_default(), name.to_owned());
+    let obj = shared.store().current.get(&key).cloned();
+    match obj {
+        Some(obj) => Ok(json_reply(shared, 200, obj.to_string())),
+        None => Err(Status::not_found(res, name)),
+    }
+}
+
+/// How a list is read, by the rules of kube-apiserver 1.33 (cacher.shouldDelegateList and the
+/// etcd3 store's GetList).
+enum ListRead {
+    /// resourceVersion unset: a consistent read of the latest state, paginated.
+    Latest,
+    /// resourceVersion=0: from the watch cache, which ignores limit.
+    Cache,
+    /// resourceVersionMatch=Exact, or a non-zero resourceVersion with a limit and no match
+    /// (the "legacy exact" case): the state at that revision, paginated.
+    Exact(u64),
+    /// A continue token: the token's revision (-1 means latest), from its start key.
+    Continue(i64, String),
+}
+
+async fn serve_list(
+    shared: &Shared,
+    res: Res,
+    ns: Option<String>,
+    q: &Query,
+) -> Result<Response<Body>, Status> {
+    let filter = Filter::parse(res, ns, q)?;
+    let rv_param = q.get("resourceVersion").unwrap_or("");
+    let rv_match = q.get("resourceVersionMatch").unwrap_or("");
+    let cont = q.get("continue").unwrap_or("");
+    let limit = q.int("limit")?.filter(|n| *n > 0).unwrap_or(0) as usize;
+    validate_list(rv_param, rv_match, cont, q.bool("sendInitialEvents")?)?;
+    let wanted = parse_rv(rv_param)?;
+    let all_namespaces = filter.namespace.is_none();
+
+    let read = if !cont.is_empty() {
+        if wanted.is_some_and(|rv| rv != 0) {
+            return Err(Status::bad_request(
+                "specifying resource version is not allowed when using continue",
+            ));
+        }
+        let (rv, start) = decode_continue(cont)?;
+        ListRead::Continue(rv, start)
+    } else {
+        match wanted {
+            None => ListRead::Latest,
+            Some(0) => ListRead::Cache,
+            Some(n) => {
+                wait_for_rv(shared, n).await?;
+                if rv_match == "Exact" || (rv_match.is_empty() && limit > 0) {
+                    ListRead::Exact(n)
+                } else {
+                    // NotOlderThan: anything at least as new will do, so the latest.
+                    ListRead::Latest
+                }
+            }
+        }
+    };
+
+    let paginate = !matches!(read, ListRead::Cache);
+    let (rv, start, snapshot) = {
+        let st = shared.store();
+        let (rv, start) = match read {
+            ListRead::Latest | ListRead::Cache => (st.rv, String::new()),
+            ListRead::Exact(n) if n < st.compacted => {
+                // etcd3 interpretListError: a paginated read gets the continue flavour of 410.
+                return Err(if limit > 0 {
+                    let mut s = Status::expired(CONTINUE_EXPIRED);
+                    s.continue_token = Some(encode_continue(-1, "\u{0}"));
+                    s
+                } else {
+                    Status::expired("The resourceVersion for the provided list is too old.")
+                });
+            }
+            ListRead::Exact(n) => (n, String::new()),
+            ListRead::Continue(-1, start) => (st.rv, start),
+            ListRead::Continue(n, start) if (n as u64) < st.compacted => {
+                let mut s = Status::expired(CONTINUE_EXPIRED);
+                s.continue_token = Some(encode_continue(-1, &start));
+                return Err(s);
+            }
+            ListRead::Continue(n, start) => (n as u64, start),
+        };
+        (rv, start, st.snapshot(rv))
+    };
+
+    // etcd returns keys in order; a continue token holds the key after the last one returned,
+    // relative to the listed prefix ("name" in a namespace, "namespace/name" across them).
+    let mut items: Vec<(String, Arc<Value>)> = snapshot
+        .iter()
+        .filter(|(k, o)| filter.matches(k, o))
+        .map(|(k, o)| {
+            let rel = if res.namespaced() && all_namespaces {
+                format!("{}/{}", k.1, k.2)
+            } else {
+                k.2.clone()
+            };
+            (rel, o.clone())
+        })
+        .filter(|(rel, _)| rel.as_str() >= start.as_str())
+        .collect();
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut next = None;
+    if paginate && limit > 0 && items.len() > limit {
+        let remaining = items.len() - limit;
+        items.truncate(limit);
+        let token = encode_continue(rv as i64, &format!("{}\u{0}", items[limit - 1].0));
+        // remainingItemCount is only known when nothing was filtered out.
+        next = Some((token, filter.selects_everything().then_some(remaining)));
+    }
+    Ok(json_reply(shared, 200, list_json(res, rv, next, &items)))
+}
+
+fn list_json(
+    res: Res,
+    rv: u64,
+    next: Option<(String, Option<usize>)>,
+    items: &[(String, Arc<Value>)],
+) -> String {
+    let items: Vec<String> = items
+        .iter()
+        .map(|(_, obj)| {
+            if res.builtin() {
+                let mut o = (**obj).clone();
+                if let Some(map) = o.as_object_mut() {
+                    map.remove("kind");
+                    map.remove("apiVersion");
+                }
+                o.to_string()
+            } else {
+                obj.to_string()
+            }
+        })
+        .collect();
+    let items = items.join(",");
+    let list_kind = format!("{}List", res.kind());
+    let rv = json!(rv.to_string());
+    if res.builtin() {
+        // A Go struct: kind, apiVersion, metadata{resourceVersion, continue, remainingItemCount}.
+        let mut meta = format!("{{\"resourceVersion\":{rv}");
+        if let Some((token, remaining)) = &next {
+            meta.push_str(&format!(",\"continue\":{}", json!(token)));
+            if let Some(n) = remaining {
+                meta.push_str(&format!(",\"remainingItemCount\":{n}"));
+            }
+        }
+        meta.push('}');
+        format!(
+            "{{\"kind\":\"{list_kind}\",\"apiVersion\":\"{}\",\"metadata\":{meta},\"items\":[{items}]}}",
+            res.api_version()
+        )
+    } else {
+        // An unstructured list: a Go map, so sorted keys.
+        let mut meta = String::from("{");
+        if let Some((token, remaining)) = &next {
+            meta.push_str(&format!("\"continue\":{},", json!(token)));
+            if let Some(n) = remaining {
+                meta.push_str(&format!("\"remainingItemCount\":{n},"));
+            }
+        }
+        meta.push_str(&format!("\"resourceVersion\":{rv}}}"));
+        format!(
+            "{{\"apiVersion\":\"{}\",\"items\":[{items}],\"kind\":\"{list_kind}\",\"metadata\":{meta}}}",
+            res.api_version()
+        )
+    }
+}
+
+/// The etcd3 store's continue token: base64url (no padding) of
+/// {"v":"meta.k8s.io/v1","rv":N,"start":"<key after the last one>"}.
+fn encode_continue(rv: i64, start: &str) -> String {
+    B64_URL.encode(format!(
+        "{{\"v\":\"meta.k8s.io/v1\",\"rv\":{rv},\"start\":{}}}",
+        json!(start)
+    ))
+}
+
+fn decode_continue(token: &str) -> Result<(i64, String), Status> {
+    let invalid = |why: &str| Status::bad_request(format!("invalid continue token: {why}"));
+    let raw = B64_URL
+        .decode(token)
+        .map_err(|_| invalid("continue key is not valid: illegal base64 data"))?;
+    let v: Value =
+        serde_json::from_slice(&raw).map_err(|_| invalid("continue key is not valid: bad json"))?;
+    if v["v"] != "meta.k8s.io/v1" {
+        return Err(invalid(
+            "continue key is not valid: server does not recognize this encoded key",
+        ));
+    }
+    let rv = v["rv"].as_i64().filter(|rv| *rv > 0 || *rv == -1).ok_or_else(|| {
+        invalid("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+    })?;
+    let start = v["start"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| invalid("continue key is not valid: encoded start key empty"))?;
+    Ok((rv, start.to_owned()))
+}
+
+/// The watch cache waits up to 3 s to catch up with a resourceVersion it has not seen, then
+/// answers 504 "Too large resource version" (cacher.waitUntilFreshAndBlock).
+async fn wait_for_rv(shared: &Shared, rv: u64) -> Result<(), Status> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let current = shared.store().rv;
+        if current >= rv {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Status::too_large(rv, current));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn serve_watch(
+    shared: &Arc<Shared>,
+    flushed: Arc<AtomicBool>,
+    res: Res,
+    ns: Option<String>,
+    q: &Query,
+) -> Result<Response<Body>, Status> {
+    let filter = Filter::parse(res, ns, q)?;
+    let send_initial = q.bool("sendInitialEvents")?;
+    let bookmarks = q.bool("allowWatchBookmarks")?.unwrap_or(false);
+    let gate = shared.store().watch_list;
+    validate_watch(
+        q.get("resourceVersionMatch").unwrap_or(""),
+        q.get("continue").unwrap_or(""),
+        send_initial,
+        gate,
+    )?;
+    let wanted = parse_rv(q.get("resourceVersion").unwrap_or(""))?;
+    // Without timeoutSeconds the server picks one between minRequestTimeout (1800 s) and twice
+    // that; either way it ends the watch cleanly when it elapses.
+    let timeout = match q.int("timeoutSeconds")? {
+        Some(secs) if secs > 0 => Duration::from_secs(secs as u64),
+        _ => Duration::from_secs(1800 + random_u64() % 1800),
+    };
+    let streaming_list = send_initial == Some(true);
+    if streaming_list && let Some(n) = wanted.filter(|n| *n > 0) {
+        // Only watch-list requests wait for the cache; a plain watch ahead of it is accepted
+        // and simply gets nothing until the resourceVersion passes the requested one.
+        wait_for_rv(shared, n).await?;
+    }
+
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut st = shared.store();
+    let mut initial = VecDeque::new();
+    let current_state = |st: &Store, initial: &mut VecDeque<Line>| {
+        let mut objs: Vec<(&Key, &Arc<Value>)> = st
+            .current
+            .iter()
+            .filter(|(k, o)| filter.matches(k, o))
+            .collect();
+        objs.sort_by_key(|(k, _)| (k.1.clone(), k.2.clone()));
+        for (_, o) in objs {
+            initial.push_back(Line::event("ADDED", o, st.rv));
+        }
+    };
+    // `seen` is the resourceVersion the watch starts at; a bookmark is only sent past it.
+    let (after, seen) = match wanted {
+        _ if streaming_list => {
+            // sendInitialEvents=true: the current state, then a bookmark marking its end.
+            current_state(&st, &mut initial);
+            if bookmarks {
+                let rv = st.rv.max(wanted.unwrap_or(0));
+                initial.push_back(Line::bookmark(res, rv, true));
+            }
+            (st.rv, st.rv)
+        }
+        // resourceVersion 0 or unset: the current state as ADDED events first (for backward
+        // compatibility, watch_cache.go), unless sendInitialEvents=false asks to skip it.
+        None | Some(0) => {
+            if send_initial.is_none() {
+                current_state(&st, &mut initial);
+            }
+            (st.rv, st.rv)
+        }
+        Some(n) if n < st.watch_floor => {
+            let status = Status::too_old_watch(n, st.watch_floor);
+            drop(st);
+            return Ok(watch_error(shared, &status));
+        }
+        Some(n) => {
+            // Replay what happened after n from history, then go live.
+            for change in st.log.iter().filter(|c| c.rv > n) {
+                if let Some(line) = filter.event(change) {
+                    initial.push_back(line);
+                }
+            }
+            (st.rv.max(n), n)
+        }
+    };
+    let id = st.next_watch_id;
+    st.next_watch_id += 1;
+    st.watches.insert(id, WatchReg { filter, after, tx });
+    let interval = st.bookmark_interval;
+    drop(st);
+
+    let now = tokio::time::Instant::now();
+    let stream = WatchStream {
+        shared: shared.clone(),
+        id,
+        res,
+        rx,
+        pending: initial,
+        seen,
+        deadline,
+        next_bookmark: if bookmarks {
+            next_bookmark_at(now, interval, deadline)
+        } else {
+            None
+        },
+        flushed,
+        ending: false,
+    };
+    let body = futures::stream::unfold(stream, |mut w| async move {
+        let bytes = w.next_line().await?;
+        Some((Ok::<_, Infallible>(Frame::data(bytes)), w))
+    });
+    Ok(reply(
+        shared,
+        200,
+        "application/json",
+        StreamBody::new(body).boxed_unsync(),
+    ))
+}
+
+/// A 200 watch response holding one ERROR event, after which the server ends the stream.
+fn watch_error(shared: &Shared, status: &Status) -> Response<Body> {
+    let line = Bytes::from(format!(
+        "{{\"type\":\"ERROR\",\"object\":{}}}\n",
+        status.json()
+    ));
+    let body = futures::stream::iter([Ok::<_, Infallible>(Frame::data(line))]);
+    reply(
+        shared,
+        200,
+        "application/json",
+        StreamBody::new(body).boxed_unsync(),
+    )
+}
+
+fn discovery_json(route: &Route, port: u16) -> String {
+    let mco_version =
+        json!({"groupVersion": "machineconfiguration.openshift.io/v1", "version": "v1"});
+    let mco_group = json!({
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": MCO_GROUP,
+        "versions": [mco_version],
+        "preferredVersion": mco_version,
+    });
+    let verbs = json!([
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "create",
+        "update",
+        "watch"
+    ]);
+    let v = match route {
+        Route::Version => json!({
+            "major": "1", "minor": "33", "emulationMajor": "1", "emulationMinor": "33",
+            "minCompatibilityMajor": "1", "minCompatibilityMinor": "32",
+            "gitVersion": "v1.33.5", "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean", "buildDate": "2025-10-01T00:00:00Z", "goVersion": "go1.24.6",
+            "compiler": "gc", "platform": "linux/amd64"
+        }),
+        Route::Api => json!({
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": format!("127.0.0.1:{port}")}]
+        }),
+        Route::ApiV1 => json!({
+            "kind": "APIResourceList",
+            "groupVersion": "v1",
+            "resources": [{
+                "name": "configmaps", "singularName": "configmap", "namespaced": true,
+                "kind": "ConfigMap", "verbs": verbs, "shortNames": ["cm"],
+                "storageVersionHash": "qFsyl6wFWjQ="
+            }]
+        }),
+        Route::Apis => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [mco_group]}),
+        Route::McoGroup => mco_group,
+        _ => json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": "machineconfiguration.openshift.io/v1",
+            "resources": [
+                {"name": "controllerconfigs", "singularName": "controllerconfig", "namespaced": false,
+                 "kind": "ControllerConfig", "verbs": verbs, "storageVersionHash": "mKzXvmgBWPs="},
+                {"name": "controllerconfigs/status", "singularName": "", "namespaced": false,
+                 "kind": "ControllerConfig", "verbs": ["get", "patch", "update"]}
+            ]
+        }),
+    };
+    v.to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+// ---------------------------------------------------------------------------------------------
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed_unsync()
+}
+
+/// A response with the headers kube-apiserver puts on every answer.
+fn reply(shared: &Shared, code: u16, content_type: &str, body: Body) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("Audit-Id", new_uid())
+        .header("Cache-Control", "no-cache, private")
+        .header(hyper::header::CONTENT_TYPE, content_type)
+        .header("X-Kubernetes-Pf-Flowschema-Uid", &shared.flow_schema_uid)
+        .header(
+            "X-Kubernetes-Pf-Prioritylevel-Uid",
+            &shared.priority_level_uid,
+        )
+        .body(body)
+        .expect("valid response")
+}
+
+fn json_reply(shared: &Shared, code: u16, json: String) -> Response<Body> {
+    reply(shared, code, "application/json", full(json))
+}
+
+fn status_reply(shared: &Shared, status: &Status) -> Response<Body> {
+    let mut resp = json_reply(shared, status.code, status.json());
+    if let Some(secs) = status.retry_after {
+        resp.headers_mut()
+            .insert(hyper::header::RETRY_AFTER, secs.into());
+    }
+    resp
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watch streams
+// ---------------------------------------------------------------------------------------------
+
+/// One newline-terminated watch event.
+struct Line {
+    bytes: Bytes,
+    /// The resourceVersion this event brings the watch to.
+    rv: u64,
+    /// ADDED/MODIFIED/DELETED (stamped in `last_event_sent` when flushed).
+    object: bool,
+}
+
+impl Line {
+    fn event(kind: &str, obj: &Value, rv: u64) -> Line {
+        Line {
+            bytes: format!("{{\"type\":\"{kind}\",\"object\":{obj}}}\n").into(),
+            rv,
+            object: true,
+        }
+    }
+
+    /// A BOOKMARK: an empty object of the watched kind carrying only a resourceVersion (and the
+    /// initial-events-end annotation closing a streaming list). Since Kubernetes 1.33 a zero
+    /// creationTimestamp is omitted rather than sent as null.
+    fn bookmark(res: Res, rv: u64, initial_events_end: bool) -> Line {
+        let (kind, api_version) = (res.kind(), res.api_version());
+        let rv_field = format!("\"resourceVersion\":\"{rv}\"");
+        let annotations = "\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}";
+        let object = match (res.builtin(), initial_events_end) {
+            // A Go struct: ObjectMeta has resourceVersion before annotations.
+            (true, false) => format!(
+                "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{{{rv_field}}}}}"
+            ),
+            (true, true) => format!(
+                "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{{{rv_field},{annotations}}}}}"
+            ),
+            // Unstructured: sorted keys.
+            (false, false) => format!(
+                "{{\"apiVersion\":\"{api_version}\",\"kind\":\"{kind}\",\"metadata\":{{{rv_field}}}}}"
+            ),
+            (false, true) => format!(
+                "{{\"apiVersion\":\"{api_version}\",\"kind\":\"{kind}\",\"metadata\":{{{annotations},{rv_field}}}}}"
+            ),
+        };
+        Line {
+            bytes: format!("{{\"type\":\"BOOKMARK\",\"object\":{object}}}\n").into(),
+            rv,
+            object: false,
+        }
+    }
+}
+
+enum Msg {
+    Line(Line),
+    /// End the stream cleanly after what is queued.
+    Close,
+}
+
+struct WatchStream {
+    shared: Arc<Shared>,
+    id: u64,
+    res: Res,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    pending: VecDeque<Line>,
+    /// The resourceVersion the client has been brought to.
+    seen: u64,
+    deadline: tokio::time::Instant,
+    next_bookmark: Option<tokio::time::Instant>,
+    /// Set when an event frame is handed to hyper; the connection's writer stamps the flush.
+    flushed: Arc<AtomicBool>,
+    ending: bool,
+}
+
+impl WatchStream {
+    async fn next_line(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(line) = self.pending.pop_front() {
+                self.seen = self.seen.max(line.rv);
+                if line.object {
+                    self.flushed.store(true, Ordering::SeqCst);
+                }
+                return Some(line.bytes);
+            }
+            if self.ending {
+                return None;
+            }
+            let bookmark_at = self.next_bookmark;
+            tokio::select! {
+                biased;
+                msg = self.rx.recv() => match msg {
+                    Some(Msg::Line(line)) => self.pending.push_back(line),
+                    Some(Msg::Close) | None => self.ending = true,
+                },
+                // timeoutSeconds elapsed: the handler returns and the response ends cleanly.
+                _ = tokio::time::sleep_until(self.deadline) => self.ending = true,
+                _ = tokio::time::sleep_until(bookmark_at.unwrap_or(self.deadline)), if bookmark_at.is_some() => {
+                    self.bookmark();
+                }
+            }
+        }
+    }
+
+    /// Queues a BOOKMARK at the current resourceVersion, behind any events still queued, if that
+    /// moves the client forward (cache_watcher.go sends only events newer than the watch's
+    /// resourceVersion, bookmarks included).
+    fn bookmark(&mut self) {
+        let (current, interval) = {
+            // Under the store lock no event can be queued between the drain and the read of rv.
+            let st = self.shared.store();
+            while let Ok(msg) = self.rx.try_recv() {
+                match msg {
+                    Msg::Line(line) => self.pending.push_back(line),
+                    Msg::Close => self.ending = true,
+                }
+            }
+            (st.rv, st.bookmark_interval)
+        };
+        let seen = self.pending.iter().map(|l| l.rv).fold(self.seen, u64::max);
+        if current > seen && !self.ending {
+            self.pending
+                .push_back(Line::bookmark(self.res, current, false));
+        }
+        self.next_bookmark = next_bookmark_at(tokio::time::Instant::now(), interval, self.deadline);
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        self.shared.store().watches.remove(&self.id);
+    }
+}
+
+/// cacheWatcher.nextBookmarkTime: after the bookmark interval (a minute upstream) or 2 s before
+/// the watch's deadline, whichever is first; none once that is past.
+fn next_bookmark_at(
+    now: tokio::time::Instant,
+    interval: Duration,
+    deadline: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let pre_timeout = deadline.checked_sub(Duration::from_secs(2))?;
+    let at = (now + interval).min(pre_timeout);
+    (at >= now).then_some(at)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+// ---------------------------------------------------------------------------------------------
+
+enum Command {
+    Listen(StdTcpListener, std_mpsc::SyncSender<()>),
+    Stop(std_mpsc::SyncSender<()>),
+}
+
+/// The server thread: a current-thread runtime running the control loop.
+fn run(shared: Arc<Shared>, mut commands: mpsc::UnboundedReceiver<Command>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let mut serving = None;
+        while let Some(command) = commands.recv().await {
+            match command {
+                Command::Listen(listener, done) => {
+                    halt(&mut serving).await;
+                    let (stop, stopped) = oneshot::channel();
+                    serving = Some((stop, tokio::spawn(serve(shared.clone(), listener, stopped))));
+                    let _ = done.send(());
+                }
+                Command::Stop(done) => {
+                    halt(&mut serving).await;
+                    let _ = done.send(());
+                }
+            }
+        }
+        halt(&mut serving).await;
+    });
+}
+
+type Serving = Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>;
+
+async fn halt(serving: &mut Serving) {
+    if let Some((stop, task)) = serving.take() {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+}
+
+/// Accepts connections until told to stop, then drops the listener and every connection.
+async fn serve(shared: Arc<Shared>, listener: StdTcpListener, mut stop: oneshot::Receiver<()>) {
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    let acceptor = TlsAcceptor::from(shared.tls.clone());
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => {
+                if let Ok((tcp, _)) = accepted {
+                    let _ = tcp.set_nodelay(true); // Go's default
+                    connections.spawn(connection(shared.clone(), acceptor.clone(), tcp));
+                }
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    connections.shutdown().await;
+}
+
+async fn connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: tokio::net::TcpStream) {
+    let Ok(tls) = acceptor.accept(tcp).await else {
+        return;
+    };
+    let flushed = Arc::new(AtomicBool::new(false));
+    let io = TokioIo::new(FlushStamp {
+        inner: tls,
+        flushed: flushed.clone(),
+        shared: shared.clone(),
+    });
+    let service = hyper::service::service_fn(move |req| {
+        let (shared, flushed) = (shared.clone(), flushed.clone());
+        async move { Ok::<_, Infallible>(handle(shared, flushed, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .header_read_timeout(None)
+        .serve_connection(io, service)
+        .await;
+}
+
+/// The connection's transport: notes when a flush completes after a watch event was written.
+struct FlushStamp<T> {
+    inner: T,
+    flushed: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for FlushStamp<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for FlushStamp<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_flush(cx);
+        if matches!(result, Poll::Ready(Ok(()))) && this.flushed.swap(false, Ordering::SeqCst) {
+            *lock(&this.shared.last_event_sent) = Some(Instant::now());
+        }
+        result
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS, kubeconfig, small helpers
+// ---------------------------------------------------------------------------------------------
+
+/// A fresh CA and a serving certificate for 127.0.0.1 and localhost. ALPN offers http/1.1 only:
+/// kube-rs's client speaks HTTP/1.1 (the real server also offers h2).
+fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
+    let now = OffsetDateTime::now_utc();
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = DistinguishedName::new();
+    ca.distinguished_name
+        .push(DnType::CommonName, "kube-apiserver-localhost-signer");
+    ca.distinguished_name
+        .push(DnType::OrganizationalUnitName, "openshift");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.not_before = now - time::Duration::hours(1);
+    ca.not_after = now + time::Duration::days(365);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca, ca_key);
+
+    let key = KeyPair::generate().expect("server key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .expect("server certificate parameters");
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(30);
+    let cert = params.signed_by(&key, &issuer).expect("server certificate");
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .expect("TLS server config");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    (ca_cert.pem(), Arc::new(config))
+}
+
+fn kubeconfig_yaml(port: u16, ca_pem: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: fixture
+  cluster:
+    server: https://127.0.0.1:{port}
+    certificate-authority-data: {ca}
+users:
+- name: fixture-node
+  user:
+    token: {token}
+contexts:
+- name: fixture
+  context:
+    cluster: fixture
+    user: fixture-node
+    namespace: default
+current-context: fixture
+preferences: {{}}
+",
+        ca = B64.encode(ca_pem)
+    )
+}
+
+fn now_rfc3339() -> String {
+    let now = OffsetDateTime::now_utc();
+    now.replace_nanosecond(0)
+        .unwrap_or(now)
+        .format(&Rfc3339)
+        .expect("RFC 3339 time")
+}
+
+fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    (0..n.div_ceil(8))
+        .flat_map(|_| random_u64().to_le_bytes())
+        .take(n)
+        .collect()
+}
+
+/// A version-4 UUID.
+fn new_uid() -> String {
+    let mut b = random_bytes(16);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex(&b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Deterministic filler bytes (splitmix64 seeded by `seed`).
+fn seeded_bytes(seed: &str, n: usize) -> Vec<u8> {
+    let mut x = seed.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
