@@ -1,0 +1,358 @@
+//! `run` and `sync` against a local API server that behaves like kube-apiserver: rotations
+//! through a ConfigMap and a ControllerConfig, an API server that goes away or answers
+//! 410 Gone, deleted objects, bad content, and the steady state (one watch, no re-list).
+
+mod common;
+
+use std::fs;
+use std::time::Duration;
+
+use base64::Engine;
+use common::apiserver::ApiServer;
+use common::daemon::{Agent, wait_until};
+use common::pki::{self, Algorithm, Signer};
+use common::{Node, fingerprint_file, stderr};
+
+const SECOND: Duration = Duration::from_secs(1);
+const NS: &str = "openshift-config-managed";
+const NAME: &str = "kube-apiserver-client-ca";
+const SPEC: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+
+fn start(node: &Node, api: &ApiServer, sources: &[&str]) -> Agent {
+    Agent::start(
+        node,
+        sources,
+        &["--kubeconfig", api.kubeconfig().to_str().unwrap()],
+    )
+}
+
+fn has(node: &Node, content: &str) -> bool {
+    fs::read(node.bundle()).is_ok_and(|b| b == content.as_bytes())
+}
+
+fn b64(pem: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+#[test]
+fn a_configmap_rotation_reaches_the_file_within_a_second() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("kube-csr-signer-1", Algorithm::P256),
+        Signer::new("kube-csr-signer-2", Algorithm::Rsa),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || has(&node, &a.pem()));
+
+    for next in [a.pem() + &b.pem(), b.pem()] {
+        api.put_configmap(NS, NAME, &[("ca-bundle.crt", &next)], &[]);
+        let took = wait_until(SECOND, || has(&node, &next));
+        eprintln!("rotation reached the file in {took:?}");
+    }
+    agent.wait_listening();
+    assert_eq!(agent.metric("kubelet_ca_source_up{"), Some(1.0));
+    assert_eq!(agent.metric("kubelet_ca_writes_total{"), Some(3.0));
+}
+
+#[test]
+fn a_controllerconfig_rotation_reaches_the_file_and_unrelated_changes_do_not() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P384),
+        Signer::new("signer-b", Algorithm::Ed25519),
+    );
+    api.put_controllerconfig("machine-config-controller", &b64(&a.pem()));
+    let _agent = start(&node, &api, &["controllerconfig:machine-config-controller"]);
+    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    let before = fingerprint_file(&node.bundle());
+    api.touch_controllerconfig("machine-config-controller");
+    std::thread::sleep(SECOND / 2);
+    assert_eq!(
+        fingerprint_file(&node.bundle()),
+        before,
+        "an unrelated change rewrote the file"
+    );
+
+    api.put_controllerconfig("machine-config-controller", &b64(&(a.pem() + &b.pem())));
+    let took = wait_until(SECOND, || has(&node, &(a.pem() + &b.pem())));
+    eprintln!("ControllerConfig rotation reached the file in {took:?}");
+}
+
+#[test]
+fn the_agent_rides_out_an_api_server_outage_and_a_410_gone() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b, c) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+        Signer::new("c", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    agent.wait_listening();
+    let before = fingerprint_file(&node.bundle());
+
+    api.stop();
+    // An update made while the agent cannot see it.
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &(a.pem() + &b.pem()))], &[]);
+    wait_until(10 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 0.0)
+    });
+    std::thread::sleep(2 * SECOND);
+    assert_eq!(
+        fingerprint_file(&node.bundle()),
+        before,
+        "the file changed while the API was away"
+    );
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200, "a valid file keeps the agent ready: {verbose}");
+    assert!(verbose.contains(&format!("[-]source:{SPEC}")), "{verbose}");
+
+    // The restarted server has a fresh watch cache: the resumed watch gets 410 Gone and
+    // the agent lists again.
+    api.restart();
+    wait_until(40 * SECOND, || has(&node, &(a.pem() + &b.pem())));
+    wait_until(5 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 1.0)
+    });
+    assert!(
+        agent
+            .metric("kubelet_ca_watch_restarts_total{")
+            .is_some_and(|v| v >= 1.0)
+    );
+
+    // Compaction while watching: the next resume gets 410, and an update still arrives.
+    api.compact();
+    api.close_watches();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &c.pem())], &[]);
+    wait_until(10 * SECOND, || has(&node, &c.pem()));
+    let lists = api.requests().iter().filter(|r| r.is_list()).count();
+    assert!(lists >= 2, "a 410 must lead to a new list ({lists} lists)");
+}
+
+#[test]
+fn a_deleted_configmap_keeps_the_file_and_its_return_converges() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    agent.wait_listening();
+    let before = fingerprint_file(&node.bundle());
+
+    api.delete_configmap(NS, NAME);
+    wait_until(5 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 0.0)
+    });
+    std::thread::sleep(SECOND / 2);
+    assert_eq!(
+        fingerprint_file(&node.bundle()),
+        before,
+        "deleting the source must never empty the file"
+    );
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200);
+    assert!(verbose.contains("does not exist"), "{verbose}");
+
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    wait_until(SECOND, || has(&node, &b.pem()));
+    wait_until(SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 1.0)
+    });
+}
+
+#[test]
+fn bad_content_from_the_cluster_never_reaches_the_file_or_the_log() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let good = Signer::new("good", Algorithm::P256);
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &good.pem())], &[]);
+    api.put_controllerconfig("machine-config-controller", &b64(&good.pem()));
+    let agent = start(
+        &node,
+        &api,
+        &[SPEC, "controllerconfig:machine-config-controller"],
+    );
+    wait_until(10 * SECOND, || has(&node, &good.pem()));
+    agent.wait_listening();
+    let before = fingerprint_file(&node.bundle());
+    let key = good.key_pem();
+
+    let bad_configmaps = [
+        good.pem() + &key,
+        "garbage".to_string(),
+        good.pem()[..300].to_string(),
+    ];
+    for (i, bad) in bad_configmaps.iter().enumerate() {
+        api.put_configmap(NS, NAME, &[("ca-bundle.crt", bad)], &[]);
+        let want = i as f64 + 1.0;
+        wait_until(5 * SECOND, || errors_total(&agent, SPEC) >= want);
+    }
+    api.put_controllerconfig("machine-config-controller", "%%% not base64 %%%");
+    wait_until(5 * SECOND, || {
+        errors_total(&agent, "controllerconfig:machine-config-controller") >= 1.0
+    });
+    api.put_configmap(NS, NAME, &[("other-key", &good.pem())], &[]);
+    wait_until(5 * SECOND, || agent.log().contains("missing_key"));
+
+    std::thread::sleep(SECOND / 2);
+    assert_eq!(fingerprint_file(&node.bundle()), before);
+    let log = agent.log();
+    for reason in [
+        "private_key",
+        "no_certificate",
+        "malformed_pem",
+        "bad_base64",
+        "missing_key",
+    ] {
+        assert!(log.contains(reason), "{reason} not logged:\n{log}");
+    }
+    for line in key.lines().filter(|l| !l.starts_with("-----")) {
+        assert!(!log.contains(line), "key material in the log");
+    }
+    let (code, _) = agent.get("/readyz").unwrap();
+    assert_eq!(code, 200, "the valid file stays; the agent stays ready");
+}
+
+/// kubelet_ca_source_errors_total for a source, summed over reasons.
+fn errors_total(agent: &Agent, source: &str) -> f64 {
+    let Some((_, body)) = agent.get("/metrics") else {
+        return 0.0;
+    };
+    body.lines()
+        .filter(|l| {
+            l.starts_with(&format!(
+                "kubelet_ca_source_errors_total{{source=\"{source}\""
+            ))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn steady_state_is_one_watch_and_no_relist() {
+    let api = ApiServer::start();
+    api.set_bookmark_interval(SECOND / 2);
+    let node = Node::new();
+    let pems: Vec<String> = (0..4)
+        .map(|i| Signer::new(&format!("gen-{i}"), Algorithm::P256).pem())
+        .collect();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pems[0])], &[]);
+    let _agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || has(&node, &pems[0]));
+    for pem in &pems[1..] {
+        api.put_configmap(NS, NAME, &[("ca-bundle.crt", pem)], &[]);
+        wait_until(SECOND, || has(&node, pem));
+        // Unrelated objects move the resourceVersion, so bookmarks flow.
+        api.put_configmap("default", "unrelated", &[("x", pem)], &[]);
+    }
+    // The server ends the watch (its timeout); the agent resumes from where it was.
+    api.close_watches();
+    std::thread::sleep(SECOND);
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pems[0])], &[]);
+    wait_until(SECOND, || has(&node, &pems[0]));
+
+    let requests = api.requests();
+    let lists = requests.iter().filter(|r| r.is_list()).count();
+    let watches: Vec<_> = requests.iter().filter(|r| r.watch).collect();
+    assert_eq!(lists, 1, "one list at start, none after: {requests:#?}");
+    assert_eq!(api.open_watches(), 1);
+    for watch in &watches {
+        assert_eq!(
+            watch.param("fieldSelector").as_deref(),
+            Some(format!("metadata.name={NAME}").as_str())
+        );
+        assert_eq!(watch.param("allowWatchBookmarks").as_deref(), Some("true"));
+    }
+    let resumed = watches.last().unwrap().param("resourceVersion").unwrap();
+    assert_ne!(
+        resumed, "0",
+        "the resumed watch starts from the last resourceVersion"
+    );
+}
+
+#[test]
+fn every_key_and_binary_data_with_star() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b, c) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+        Signer::new("c", Algorithm::P256),
+    );
+    api.put_configmap(
+        NS,
+        NAME,
+        &[("2-b.crt", &b.pem()), ("3-c.crt", &c.pem())],
+        &[("1-a.crt", a.pem().as_bytes())],
+    );
+    let _agent = start(&node, &api, &[&format!("{SPEC}/*")]);
+    wait_until(10 * SECOND, || has(&node, &(a.pem() + &b.pem() + &c.pem())));
+}
+
+#[test]
+fn sync_reads_a_configmap_with_one_list_and_no_watch() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let pem = pki::bundle_of(2, "ca");
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pem)], &[]);
+    let out = node.sync(
+        &[SPEC],
+        &["--kubeconfig", api.kubeconfig().to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), pem.as_bytes());
+    let requests = api.requests();
+    assert_eq!(requests.iter().filter(|r| r.is_list()).count(), 1);
+    assert_eq!(requests.iter().filter(|r| r.watch).count(), 0);
+
+    api.delete_configmap(NS, NAME);
+    let out = node.sync(
+        &[SPEC],
+        &["--kubeconfig", api.kubeconfig().to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+    assert_eq!(node.read_bundle(), pem.as_bytes());
+
+    api.fail_next(1, 403);
+    let out = node.sync(
+        &[SPEC],
+        &["--kubeconfig", api.kubeconfig().to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("forbidden") || stderr(&out).contains("Forbidden"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_forbidden_list_at_start_reports_the_source_down_then_recovers() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pem)], &[]);
+    api.fail_next(1, 403);
+    let agent = start(&node, &api, &[SPEC]);
+    agent.wait_listening();
+    wait_until(10 * SECOND, || has(&node, &pem));
+    assert!(agent.log().contains("forbidden"), "{}", agent.log());
+}
