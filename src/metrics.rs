@@ -82,8 +82,10 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
+        // Fine around the targets (2 ms at p50, 10 ms at p99), coarse beyond.
         let buckets = [
-            0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025,
+            0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
         ];
         Metrics {
             source_errors: Family::default(),

@@ -99,27 +99,29 @@ impl BundleWriter {
     }
 
     /// Makes the file hold `content`: nothing happens when it already does; otherwise the
-    /// old content goes to history and the file is replaced atomically.
+    /// file is replaced atomically and the old content goes to history.
     pub fn write(&self, content: &[u8], now: OffsetDateTime) -> Result<Outcome, WriteError> {
         let previous = self.read_current()?;
         if previous.as_deref() == Some(content) {
             return Ok(Outcome::Unchanged);
         }
         let attributes = self.attributes_for_replacement(previous.is_some());
-        if let Some(old) = previous.as_deref().filter(|old| !old.is_empty()) {
-            // History is for the operator; failing to keep it must not block the bundle.
-            if let Err(e) = self.history.record(old, now) {
-                tracing::warn!(
-                    history = %self.history.dir().display(),
-                    error = %e,
-                    "could not save the replaced bundle to history"
-                );
-            }
-        }
         atomic::replace(&self.path, content, &attributes).map_err(|cause| WriteError::Replace {
             path: self.path.clone(),
             cause,
         })?;
+        // History is for the operator: saved once the new bundle is durable, so that it
+        // adds nothing to the time a rotation takes to reach the kubelet, and failing to
+        // save it never blocks the bundle.
+        if let Some(old) = previous.as_deref().filter(|old| !old.is_empty())
+            && let Err(e) = self.history.record(old, now)
+        {
+            tracing::warn!(
+                history = %self.history.dir().display(),
+                error = %e,
+                "could not save the replaced bundle to history"
+            );
+        }
         Ok(Outcome::Replaced { previous })
     }
 
