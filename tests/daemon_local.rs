@@ -7,6 +7,8 @@ use std::fs;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
+use time::Duration as Span;
+
 use common::daemon::{Agent, wait_until};
 use common::pki::{self, Algorithm, Signer};
 use common::{Node, fingerprint_file};
@@ -375,6 +377,53 @@ fn metrics_follow_the_bundle() {
     let (_, head, om) = agent.get_with("/metrics", accept).unwrap();
     assert!(head.contains("application/openmetrics-text"), "{head}");
     assert!(om.contains("# TYPE kubelet_ca_writes counter") && om.trim_end().ends_with("# EOF"));
+}
+
+#[test]
+fn the_bundle_changes_at_a_certificate_boundary_with_no_other_event() {
+    let node = Node::new();
+    let lasting = Signer::new("lasting", Algorithm::P256);
+    let brief = Signer::valid_between("brief", Algorithm::P256, Span::hours(-1), Span::seconds(3));
+    let source = node.source("signers.pem", lasting.pem() + &brief.pem());
+    let agent = Agent::start(&node, &[&source], &["--drop-expired"]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == (lasting.pem() + &brief.pem()).as_bytes())
+    });
+    // Nothing touches the source; the timer at brief's notAfter drops it.
+    wait_until(6 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == lasting.pem().as_bytes())
+    });
+    // The log line follows the rename.
+    wait_until(SECOND, || agent.log().contains("removed=1"));
+}
+
+#[test]
+fn exec_on_change_runs_after_each_replace_and_failures_are_counted() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    let source = node.source("signers.pem", a.pem());
+    let marker = node.root().join("hook-ran");
+    let hook = format!(
+        "sh -c 'cat \"$KUBELET_CA_BUNDLE\" > {}; exit 3'",
+        marker.display()
+    );
+    let agent = Agent::start(&node, &[&source], &["--exec-on-change", &hook]);
+    wait_until(5 * SECOND, || {
+        fs::read(&marker).is_ok_and(|m| m == a.pem().as_bytes())
+    });
+    fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
+    wait_until(2 * SECOND, || {
+        fs::read(&marker).is_ok_and(|m| m == b.pem().as_bytes())
+    });
+    agent.wait_listening();
+    wait_until(2 * SECOND, || {
+        agent
+            .metric("kubelet_ca_exec_on_change_failures_total")
+            .is_some_and(|v| v == 2.0)
+    });
 }
 
 #[test]
