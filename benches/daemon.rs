@@ -10,7 +10,6 @@
 //! Under `cargo test` (no `--bench`), it runs a short version of each as a smoke test.
 
 #[path = "../tests/common/apiserver.rs"]
-#[allow(dead_code)]
 mod apiserver;
 #[path = "../tests/common/pki.rs"]
 #[allow(dead_code)]

@@ -1,7 +1,14 @@
-//! The managed bundle as a whole: the file, the state kept beside it (history, retention
-//! memory, `managed-files.json`), shared by `sync` and the daemon.
+//! The managed bundle as a whole: the file, and the records kept beside it in the state
+//! directory (history of replaced bundles, retention memory, `managed-files.json`), shared
+//! by `sync` and the daemon.
+//!
+//! The records are for operators and for the next start; none is needed for the kubelet to
+//! see a new bundle. So the daemon keeps them on a thread of their own, in order, and its
+//! loop is free for the next change as soon as the bundle itself is durable.
 
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use time::OffsetDateTime;
 
@@ -9,13 +16,60 @@ use crate::bundle::parse::scan;
 use crate::bundle::{self, Built, Certificate, Fingerprint, Remembered};
 use crate::cli::CommonArgs;
 use crate::state::StateDir;
-use crate::writer::{BundleWriter, Outcome, WriteError};
+use crate::writer::{BundleWriter, History, Outcome, WriteError};
 
 pub struct Target {
     writer: BundleWriter,
     state: StateDir,
     /// Whether `--retain-removed` is on, so that its memory is kept.
     retains: bool,
+    records: Records,
+}
+
+/// Something to write into the state directory after the bundle.
+enum Record {
+    /// The bundle that was replaced, at that instant.
+    History(Vec<u8>, OffsetDateTime),
+    Retention(Vec<Remembered>),
+    ManagedFiles(String),
+}
+
+/// Where records are written: right away (`sync`), or on the records thread (the daemon).
+enum Records {
+    Inline(Keeper),
+    Background {
+        queue: Option<mpsc::Sender<Record>>,
+        thread: Option<JoinHandle<()>>,
+    },
+}
+
+/// Writes records; failures are logged, never fatal: the bundle matters more.
+struct Keeper {
+    state: StateDir,
+    history: History,
+    bundle: PathBuf,
+}
+
+impl Keeper {
+    fn keep(&self, record: Record) {
+        let (what, result) = match record {
+            Record::History(old, at) => (
+                "save the replaced bundle to history",
+                self.history.record(&old, at).map(drop),
+            ),
+            Record::Retention(memory) => (
+                "save the retention memory",
+                self.state.save_retention(&memory),
+            ),
+            Record::ManagedFiles(sha256) => (
+                "write managed-files.json",
+                self.state.save_managed_files(&self.bundle, &sha256),
+            ),
+        };
+        if let Err(e) = result {
+            tracing::warn!(state_dir = %self.state.path().display(), error = %e, "could not {what}");
+        }
+    }
 }
 
 /// What [`Target::apply`] did.
@@ -29,12 +83,52 @@ pub struct Applied {
 }
 
 impl Target {
+    /// A target that writes its records before `apply` returns.
     pub fn new(common: &CommonArgs) -> Self {
-        let state = StateDir::new(common.state_dir.clone());
+        let keeper = Keeper {
+            state: StateDir::new(common.state_dir.clone()),
+            history: History::new(&common.state_dir),
+            bundle: common.bundle.clone(),
+        };
         Target {
-            writer: BundleWriter::new(common.bundle.clone(), common.file_mode, state.path()),
-            state,
+            writer: BundleWriter::new(common.bundle.clone(), common.file_mode),
+            state: StateDir::new(common.state_dir.clone()),
             retains: !common.retain_removed.is_zero(),
+            records: Records::Inline(keeper),
+        }
+    }
+
+    /// Moves record keeping to a thread of its own. Dropping the target waits for it.
+    pub fn with_background_records(mut self) -> Self {
+        if let Records::Inline(keeper) = std::mem::replace(
+            &mut self.records,
+            Records::Background {
+                queue: None,
+                thread: None,
+            },
+        ) {
+            let (queue, records) = mpsc::channel::<Record>();
+            let thread = std::thread::Builder::new()
+                .name("records".into())
+                .spawn(move || records.into_iter().for_each(|r| keeper.keep(r)))
+                .expect("spawn the records thread");
+            self.records = Records::Background {
+                queue: Some(queue),
+                thread: Some(thread),
+            };
+        }
+        self
+    }
+
+    fn keep(&self, record: Record) {
+        match &self.records {
+            Records::Inline(keeper) => keeper.keep(record),
+            Records::Background {
+                queue: Some(queue), ..
+            } => {
+                let _ = queue.send(record);
+            }
+            Records::Background { queue: None, .. } => {}
         }
     }
 
@@ -81,7 +175,7 @@ impl Target {
         })
     }
 
-    /// Makes the file hold `built` (written only if its bytes differ) and records state.
+    /// Makes the file hold `built` (written only if its bytes differ), then records it.
     pub fn apply(
         &self,
         built: &Built,
@@ -89,23 +183,15 @@ impl Target {
         now: OffsetDateTime,
     ) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(rendered).to_hex();
-        let outcome = self.writer.write(rendered, now)?;
-        if self.retains
-            && let Err(e) = self.state.save_retention(&built.memory)
-        {
-            tracing::warn!(error = %e, "cannot save the retention memory");
-        }
-        if let Err(e) = self.state.save_managed_files(self.path(), &sha256) {
-            tracing::warn!(error = %e, "cannot write managed-files.json");
-        }
-        let path = self.path().display();
+        let outcome = self.writer.write(rendered)?;
         let certificates = built.bundle.len();
+        let path = self.path().display();
         let applied = match outcome {
             Outcome::Unchanged => {
                 tracing::debug!(bundle = %path, certificates, sha256 = %sha256, "bundle already in sync");
                 Applied {
                     replaced: false,
-                    sha256,
+                    sha256: sha256.clone(),
                     added: 0,
                     removed: 0,
                 }
@@ -118,19 +204,34 @@ impl Target {
                 let diff = bundle::diff(&old, built.bundle.certificates());
                 let (added, removed) = (diff.added.len(), diff.removed.len());
                 tracing::info!(bundle = %path, certificates, added, removed, sha256 = %sha256, "bundle written");
+                if let Some(old) = previous.filter(|old| !old.is_empty()) {
+                    self.keep(Record::History(old, now));
+                }
                 Applied {
                     replaced: true,
-                    sha256,
+                    sha256: sha256.clone(),
                     added,
                     removed,
                 }
             }
         };
+        if self.retains {
+            self.keep(Record::Retention(built.memory.clone()));
+        }
+        self.keep(Record::ManagedFiles(sha256));
         Ok(applied)
     }
+}
 
-    pub fn state_dir(&self) -> PathBuf {
-        self.state.path().to_path_buf()
+impl Drop for Target {
+    /// Lets the records thread finish what is queued, so that a clean stop loses nothing.
+    fn drop(&mut self) {
+        if let Records::Background { queue, thread } = &mut self.records {
+            drop(queue.take());
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
+        }
     }
 }
 

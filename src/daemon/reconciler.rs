@@ -148,7 +148,7 @@ impl Reconciler {
             })
             .collect();
         Reconciler {
-            target: Target::new(common),
+            target: Target::new(common).with_background_records(),
             slots,
             policy: common.policy(),
             exec: common.exec_on_change.clone(),
@@ -521,19 +521,27 @@ impl Reconciler {
                 false,
                 Some("the file does not exist".to_string()),
             ),
-            Some(bytes) => match bundle::parse_source(bytes) {
-                Ok(parsed) => {
-                    let valid = parsed.certificates.iter().any(|c| c.is_valid_at(now));
-                    let problem =
-                        (!valid).then(|| "no certificate in the file is valid now".to_string());
-                    (parsed.certificates, valid, problem)
+            Some(bytes) => {
+                // When the file holds the bundle just built, its certificates are known.
+                let built = self.desired.as_ref().filter(|d| d.rendered == bytes);
+                let parsed = match built {
+                    Some(d) => Ok(d.built.bundle.certificates().to_vec()),
+                    None => bundle::parse_source(bytes).map(|p| p.certificates),
+                };
+                match parsed {
+                    Ok(certificates) => {
+                        let valid = certificates.iter().any(|c| c.is_valid_at(now));
+                        let problem =
+                            (!valid).then(|| "no certificate in the file is valid now".to_string());
+                        (certificates, valid, problem)
+                    }
+                    Err(rejection) => (
+                        Vec::new(),
+                        false,
+                        Some(format!("the file is not a valid bundle: {rejection}")),
+                    ),
                 }
-                Err(rejection) => (
-                    Vec::new(),
-                    false,
-                    Some(format!("the file is not a valid bundle: {rejection}")),
-                ),
-            },
+            }
         };
         if in_sync == Some(true) {
             self.last_sync = Some(unix_now());

@@ -1,6 +1,6 @@
 //! The managed bundle file (SPEC 5): written only when its bytes change, replaced
-//! atomically with its owner and SELinux label kept, the replaced content saved to history,
-//! and never removed.
+//! atomically with its owner and SELinux label kept, and never removed. What it replaced is
+//! handed back, for history (`history`).
 
 pub mod atomic;
 pub mod history;
@@ -9,8 +9,6 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use time::OffsetDateTime;
 
 use crate::bundle::MAX_SOURCE_BYTES;
 pub use atomic::{Attributes, ReplaceError};
@@ -53,24 +51,15 @@ impl WriteError {
 pub struct BundleWriter {
     path: PathBuf,
     mode: u32,
-    history: History,
 }
 
 impl BundleWriter {
-    pub fn new(path: PathBuf, mode: u32, state_dir: &Path) -> Self {
-        BundleWriter {
-            path,
-            mode,
-            history: History::new(state_dir),
-        }
+    pub fn new(path: PathBuf, mode: u32) -> Self {
+        BundleWriter { path, mode }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn history(&self) -> &History {
-        &self.history
     }
 
     /// The file's current bytes, `None` if it does not exist. A file larger than any valid
@@ -99,8 +88,8 @@ impl BundleWriter {
     }
 
     /// Makes the file hold `content`: nothing happens when it already does; otherwise the
-    /// file is replaced atomically and the old content goes to history.
-    pub fn write(&self, content: &[u8], now: OffsetDateTime) -> Result<Outcome, WriteError> {
+    /// file is replaced atomically.
+    pub fn write(&self, content: &[u8]) -> Result<Outcome, WriteError> {
         let previous = self.read_current()?;
         if previous.as_deref() == Some(content) {
             return Ok(Outcome::Unchanged);
@@ -110,18 +99,6 @@ impl BundleWriter {
             path: self.path.clone(),
             cause,
         })?;
-        // History is for the operator: saved once the new bundle is durable, so that it
-        // adds nothing to the time a rotation takes to reach the kubelet, and failing to
-        // save it never blocks the bundle.
-        if let Some(old) = previous.as_deref().filter(|old| !old.is_empty())
-            && let Err(e) = self.history.record(old, now)
-        {
-            tracing::warn!(
-                history = %self.history.dir().display(),
-                error = %e,
-                "could not save the replaced bundle to history"
-            );
-        }
         Ok(Outcome::Replaced { previous })
     }
 
