@@ -192,32 +192,33 @@ pub async fn read_once(
             keys,
         } => {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-            let list = api
-                .list(&ListParams::default().fields(&format!("metadata.name={object}")))
-                .await
-                .map_err(|e| cluster_error(&name, &e))?;
-            let configmap = list
-                .items
-                .first()
-                .ok_or(SourceError::NotFound { spec: name.clone() })?;
-            parse_parts(&name, configmap_parts(&name, configmap, keys)?)
+            let configmap = list_one(api, object, &name).await?;
+            parse_parts(&name, configmap_parts(&name, &configmap, keys)?)
         }
         SourceSpec::ControllerConfig { name: object } => {
             let api: Api<DynamicObject> =
                 Api::all_with(client.clone(), &controllerconfig_resource());
-            let list = api
-                .list(&ListParams::default().fields(&format!("metadata.name={object}")))
-                .await
-                .map_err(|e| cluster_error(&name, &e))?;
-            let found = list
-                .items
-                .first()
-                .ok_or(SourceError::NotFound { spec: name.clone() })?;
-            let bundle = controllerconfig_bundle(&name, found)?;
+            let bundle = controllerconfig_bundle(&name, &list_one(api, object, &name).await?)?;
             parse_parts(&name, [(None, bundle.as_slice())])
         }
         _ => panic!("cluster::read_once called for local source {name}"),
     }
+}
+
+/// The object named `object`, by a list with a field selector: the same request, and so the
+/// same RBAC, as the watch.
+async fn list_one<K>(api: Api<K>, object: &str, spec: &str) -> Result<K, SourceError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = ListParams::default().fields(&format!("metadata.name={object}"));
+    let list = api
+        .list(&params)
+        .await
+        .map_err(|e| cluster_error(spec, &e))?;
+    list.items.into_iter().next().ok_or(SourceError::NotFound {
+        spec: spec.to_string(),
+    })
 }
 
 /// Watches one cluster source for as long as the process runs, sending every change.
