@@ -53,7 +53,7 @@ pub enum Command {
                       unreadable or holds no certificate."
     )]
     Inspect(InspectArgs),
-    /// Print the version and build details.
+    /// Print the version.
     Version,
 }
 

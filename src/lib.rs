@@ -29,7 +29,8 @@ pub fn run() -> anyhow::Result<Exit> {
         Ok(cli) => cli,
         // --help and --version are not errors: print them and succeed.
         Err(e) if !e.use_stderr() => {
-            e.print()?;
+            // A reader that went away (`--help | head`) is not an error worth reporting.
+            let _ = e.print();
             return Ok(Exit::Success);
         }
         Err(e) => return Err(e.into()),

@@ -356,3 +356,33 @@ fn a_forbidden_list_at_start_reports_the_source_down_then_recovers() {
     wait_until(10 * SECOND, || has(&node, &pem));
     assert!(agent.log().contains("forbidden"), "{}", agent.log());
 }
+
+#[test]
+fn a_source_is_up_again_when_its_watch_recovers_without_a_change() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pem)], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || has(&node, &pem));
+    agent.wait_listening();
+    // The watch ends and its restart fails once; the object does not change, so the watch
+    // that follows brings no event.
+    api.fail_next(1, 500);
+    api.close_watches();
+    wait_until(10 * SECOND, || {
+        agent
+            .metric("kubelet_ca_watch_restarts_total{")
+            .is_some_and(|v| v >= 1.0)
+    });
+    wait_until(10 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 1.0)
+    });
+    let (_, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert!(
+        verbose.contains(&format!("[+]source:{SPEC} ok")),
+        "{verbose}"
+    );
+}

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use futures::StreamExt;
@@ -259,6 +259,12 @@ pub async fn watch(
 }
 
 /// The watch loop shared by both kinds of object.
+///
+/// kube-runtime resumes a failed watch silently: when the object did not change meanwhile,
+/// nothing tells us the source is back. So after an error this loop probes with one list
+/// of the object (backing off while that fails too): if the object is the version last
+/// seen, its content is sent again, which marks the source up if it is valid; if it changed
+/// or is gone, the resumed watch says so itself. There is no probe in steady state.
 async fn follow<K>(
     api: Api<K>,
     object: &str,
@@ -269,29 +275,80 @@ async fn follow<K>(
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={object}"));
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut events = watcher(api.clone(), config).default_backoff().boxed();
     // Whether the current (re)list found the object: a list without it means it is gone.
     let mut listed = false;
+    // The resourceVersion of the object as last seen (None once it is gone).
+    let mut seen: Option<String> = None;
+    // While recovering from an error: when to probe next, and the delay after that.
+    let mut probe: Option<(tokio::time::Instant, Duration)> = None;
     let result = |k: &K| match content(k) {
         Ok(certificates) => SourceEvent::Content(certificates),
         Err(error) => SourceEvent::Failed(error),
     };
-    while let Some(event) = events.next().await {
+    loop {
+        let probe_due = async {
+            match probe {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = probe_due => {
+                probe = match list_one(api.clone(), object, spec).await {
+                    // The version last seen: its result again (valid content marks the
+                    // source up and changes nothing; rejected content keeps it down).
+                    Ok(k) if seen.is_some() && k.meta().resource_version == seen => {
+                        send(result(&k));
+                        None
+                    }
+                    Ok(_) | Err(SourceError::NotFound { .. }) => None,
+                    Err(_) => probe.map(|(_, delay)| {
+                        let next = (delay * 2).min(PROBE_BACKOFF_MAX);
+                        (tokio::time::Instant::now() + delay, next)
+                    }),
+                };
+                continue;
+            }
+        };
+        let Some(event) = event else { break };
+        if event.is_ok() {
+            probe = None;
+        }
         match event {
             Ok(Event::Init) => listed = false,
             Ok(Event::InitApply(k)) => {
                 listed = true;
+                seen = k.meta().resource_version.clone();
                 send(result(&k));
             }
-            Ok(Event::InitDone) if !listed => send(SourceEvent::Failed(SourceError::NotFound {
-                spec: spec.to_string(),
-            })),
+            Ok(Event::InitDone) if !listed => {
+                seen = None;
+                send(SourceEvent::Failed(SourceError::NotFound {
+                    spec: spec.to_string(),
+                }));
+            }
             Ok(Event::InitDone) => {}
-            Ok(Event::Apply(k)) => send(result(&k)),
-            Ok(Event::Delete(_)) => send(SourceEvent::Failed(SourceError::NotFound {
-                spec: spec.to_string(),
-            })),
-            Err(e) => send(SourceEvent::WatchRestart(watch_error(spec, &e))),
+            Ok(Event::Apply(k)) => {
+                seen = k.meta().resource_version.clone();
+                send(result(&k));
+            }
+            Ok(Event::Delete(_)) => {
+                seen = None;
+                send(SourceEvent::Failed(SourceError::NotFound {
+                    spec: spec.to_string(),
+                }));
+            }
+            Err(e) => {
+                send(SourceEvent::WatchRestart(watch_error(spec, &e)));
+                probe.get_or_insert((tokio::time::Instant::now() + PROBE_FIRST, PROBE_FIRST * 2));
+            }
         }
     }
 }
+
+/// After a watch error, the first probe waits this long (the watcher's own first backoff
+/// is 0.8 to 1.6 s), then the delay doubles up to the watcher's cap.
+const PROBE_FIRST: Duration = Duration::from_secs(2);
+const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(30);
