@@ -228,11 +228,12 @@ impl Collector for StateCollector {
             "Certificates in the bundle file",
             on_disk.then(|| (file(), status.certificates.len() as i64)),
         )?;
+        // No series while a source has never been read: there is nothing to compare with.
         gauge(
             &mut encoder,
             "kubelet_ca_bundle_in_sync",
             "1 when the file equals the bundle built from the sources",
-            [(file(), i64::from(status.in_sync == Some(true)))],
+            status.in_sync.map(|in_sync| (file(), i64::from(in_sync))),
         )?;
         let info = status.sha256.iter().map(|sha| {
             (

@@ -146,13 +146,22 @@ impl Target {
         if let Err(e) = self.state.ensure() {
             tracing::warn!(state_dir = %self.state.path().display(), error = %e, "cannot create the state directory; history and memory are not kept");
         }
-        match self.writer.remove_stale_temp_files() {
-            Ok(removed) => {
-                for path in removed {
-                    tracing::info!(path = %path.display(), "removed a temporary file left by a killed run");
+        let history = self.state.path().join("history");
+        for dir in [
+            crate::writer::atomic::parent_dir(self.path()),
+            self.state.path().to_path_buf(),
+            history,
+        ] {
+            match crate::writer::atomic::remove_stale_temp_files(&dir) {
+                Ok(removed) => {
+                    for path in removed {
+                        tracing::info!(path = %path.display(), "removed a temporary file left by a killed run");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot look for stale temporary files")
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot look for stale temporary files"),
         }
     }
 
@@ -175,12 +184,16 @@ impl Target {
         })
     }
 
-    /// Makes the file hold `built` (written only if its bytes differ), then records it.
+    /// Makes the file hold `built`, written only if its bytes differ; the replaced bundle
+    /// goes to history unless `history` is false (a repair replaces someone else's content,
+    /// not a bundle of ours). The caller records the state that goes with it
+    /// ([`Target::record`]).
     pub fn apply(
         &self,
         built: &Built,
         rendered: &[u8],
         now: OffsetDateTime,
+        history: bool,
     ) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(rendered).to_hex();
         let outcome = self.writer.write(rendered)?;
@@ -191,7 +204,7 @@ impl Target {
                 tracing::debug!(bundle = %path, certificates, sha256 = %sha256, "bundle already in sync");
                 Applied {
                     replaced: false,
-                    sha256: sha256.clone(),
+                    sha256,
                     added: 0,
                     removed: 0,
                 }
@@ -204,22 +217,47 @@ impl Target {
                 let diff = bundle::diff(&old, built.bundle.certificates());
                 let (added, removed) = (diff.added.len(), diff.removed.len());
                 tracing::info!(bundle = %path, certificates, added, removed, sha256 = %sha256, "bundle written");
-                if let Some(old) = previous.filter(|old| !old.is_empty()) {
-                    self.keep(Record::History(old, now));
+                if history {
+                    self.keep_history(previous, now);
                 }
                 Applied {
                     replaced: true,
-                    sha256: sha256.clone(),
+                    sha256,
                     added,
                     removed,
                 }
             }
         };
+        Ok(applied)
+    }
+
+    /// Puts back `content` (the adopted bundle) after something else changed the file.
+    pub fn restore(&self, content: &[u8]) -> Result<Applied, WriteError> {
+        let sha256 = Fingerprint::of(content).to_hex();
+        let replaced = matches!(self.writer.write(content)?, Outcome::Replaced { .. });
+        Ok(Applied {
+            replaced,
+            sha256,
+            added: 0,
+            removed: 0,
+        })
+    }
+
+    /// Records the state that goes with a bundle in the file: the retention memory and
+    /// `managed-files.json`.
+    pub fn record(&self, built: &Built, sha256: &str) {
         if self.retains {
             self.keep(Record::Retention(built.memory.clone()));
         }
-        self.keep(Record::ManagedFiles(sha256));
-        Ok(applied)
+        self.keep(Record::ManagedFiles(sha256.to_string()));
+    }
+
+    /// History keeps bundles: content that does not parse as one (garbage, or a bundle
+    /// with a key pasted in by someone) is not copied into the state directory.
+    fn keep_history(&self, previous: Option<Vec<u8>>, now: OffsetDateTime) {
+        if let Some(old) = previous.filter(|old| bundle::parse_source(old).is_ok()) {
+            self.keep(Record::History(old, now));
+        }
     }
 }
 

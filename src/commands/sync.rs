@@ -37,7 +37,8 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     }
 
     target.prepare();
-    let applied = target.apply(&built, &rendered, now)?;
+    let applied = target.apply(&built, &rendered, now, true)?;
+    target.record(&built, &applied.sha256);
     if !applied.replaced {
         tracing::info!(bundle = %common.bundle.display(), certificates = built.bundle.len(), sha256 = %applied.sha256, "bundle already in sync");
     } else if let Some(command) = &common.exec_on_change {

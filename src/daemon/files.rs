@@ -20,6 +20,8 @@ pub enum FsEvent {
     Bundle,
     /// A local source (by position in `--source` order) may have changed.
     Source(usize),
+    /// Events were lost (the inotify queue overflowed): look at everything again.
+    Rescan,
 }
 
 /// Starts watching; events arrive on `events` until the returned watcher is dropped.
@@ -52,7 +54,13 @@ pub fn watch(
         let (bundle, bundle_dir, source_dirs) =
             (bundle.clone(), bundle_dir.clone(), source_dirs.clone());
         move |result: notify::Result<notify::Event>| {
-            let Ok(event) = result else { return };
+            let event = match result {
+                Ok(event) if !event.need_rescan() => event,
+                _ => {
+                    let _ = events.send(FsEvent::Rescan);
+                    return;
+                }
+            };
             // Reads (our own included) must not wake the loop, or it would chase itself.
             if let EventKind::Access(kind) = event.kind
                 && kind != AccessKind::Close(AccessMode::Write)

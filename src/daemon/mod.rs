@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 use crate::cli::RunArgs;
@@ -72,6 +73,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
             )
         })?;
 
+    let sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     let mut reconciler = Reconciler::new(&args.common, metrics, status_tx);
     // Adopt what is on disk and read the local sources before any API call: a valid file
     // makes the agent ready at once, whether or not the cluster answers.
@@ -104,6 +107,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
             updates: update_rx,
             files: fs_rx,
             pings: ping_rx,
+            sigterm,
+            sigint,
         })
         .await?;
     Ok(Exit::Success)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use time::OffsetDateTime;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::Signal;
 use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
@@ -22,9 +22,11 @@ use crate::source::{SourceError, SourceSpec, local};
 use crate::systemd::Notifier;
 use crate::target::Target;
 
-/// How long a burst of inotify events on a local source is allowed to settle before the
-/// source is read, so that a file being written in place is read once, complete.
+/// How long the inotify events on a local source must pause before the source is read, so
+/// that a file being written in place is read once, complete; and the longest the read
+/// waits for such a pause.
 const SOURCE_SETTLE: Duration = Duration::from_millis(20);
+const SOURCE_SETTLE_MAX: Duration = Duration::from_millis(500);
 /// The same for the managed file: a writer's create+write+close arrive as one change.
 const BUNDLE_SETTLE: Duration = Duration::from_millis(5);
 /// Repairs of a file that something keeps changing back: the delay after the n-th repair
@@ -39,11 +41,18 @@ const WRITE_RETRY_MAX: Duration = Duration::from_secs(300);
 /// Certificate boundaries are re-checked at least this often, in case the clock jumps.
 const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
 
+/// A bundle and its retention memory, as last handed to the records.
+type RecordedState = (Fingerprint, Vec<(Fingerprint, Option<i64>)>);
+
 /// The channels the loop reads.
 pub struct Inputs {
     pub updates: mpsc::UnboundedReceiver<Update>,
     pub files: mpsc::UnboundedReceiver<FsEvent>,
     pub pings: mpsc::Receiver<Ping>,
+    /// SIGTERM and SIGINT, registered before the first pass, so that a signal during start
+    /// also ends in a clean exit.
+    pub sigterm: Signal,
+    pub sigint: Signal,
 }
 
 /// What the loop knows about one source.
@@ -57,12 +66,14 @@ struct Slot {
     last_change: Option<f64>,
     /// For a local source: read again at this instant (inotify events settle first).
     read_at: Option<Instant>,
+    /// The first of the events that `read_at` waits to settle.
+    settling_since: Option<Instant>,
 }
 
 /// The bundle built from the sources, ready to compare with the file.
 struct Desired {
     built: Built,
-    rendered: Vec<u8>,
+    rendered: Arc<[u8]>,
 }
 
 /// A delay that doubles on every use in a row, up to a cap.
@@ -105,6 +116,14 @@ pub struct Reconciler {
     desired: Option<Desired>,
     /// SHA-256 of the bundle this agent last wrote or found in place and in sync.
     last_written: Option<Fingerprint>,
+    /// The valid bundle found on disk at start: it stands, and drift from it is repaired,
+    /// until every source has been read once.
+    adopted: Option<Arc<[u8]>>,
+    /// The bundle whose last write failed: only its retries wait for the backoff.
+    write_failed: Option<Fingerprint>,
+    /// What was last handed to the records (bundle, retention memory), so that an
+    /// unchanged state is not recorded again.
+    recorded: Option<RecordedState>,
     /// When the oldest source change not yet on disk arrived.
     pending_since: Option<Instant>,
     /// The file was reported changed: look at it at this instant.
@@ -145,6 +164,7 @@ impl Reconciler {
                 problem: Some("not read yet".to_string()),
                 last_change: None,
                 read_at: None,
+                settling_since: None,
             })
             .collect();
         Reconciler {
@@ -155,6 +175,9 @@ impl Reconciler {
             memory: Vec::new(),
             desired: None,
             last_written: None,
+            adopted: None,
+            write_failed: None,
+            recorded: None,
             pending_since: None,
             recheck_at: None,
             repair: Backoff::default(),
@@ -177,6 +200,16 @@ impl Reconciler {
         self.target.prepare();
         let on_disk = self.target.writer().read_current().ok().flatten();
         self.memory = self.target.remembered(on_disk.as_deref());
+        let now_unix = OffsetDateTime::now_utc().unix_timestamp();
+        let valid = |b: &[u8]| {
+            bundle::parse_source(b)
+                .is_ok_and(|p| p.certificates.iter().any(|c| c.is_valid_at(now_unix)))
+        };
+        if let Some(bytes) = on_disk.filter(|b| valid(b)) {
+            tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
+            self.last_written = Some(Fingerprint::of(&bytes));
+            self.adopted = Some(bytes.into());
+        }
         let now = Instant::now();
         for index in 0..self.slots.len() {
             if !self.slots[index].spec.is_cluster() {
@@ -188,8 +221,6 @@ impl Reconciler {
 
     /// The loop. Returns on SIGTERM or SIGINT, after the pass in progress.
     pub async fn run(&mut self, mut inputs: Inputs) -> anyhow::Result<()> {
-        let mut sigterm = signal(SignalKind::terminate())?;
-        let mut sigint = signal(SignalKind::interrupt())?;
         let watchdog_every = Notifier::watchdog_interval();
         let mut next_watchdog = watchdog_every.map(|every| Instant::now() + every);
         let mut updates_open = true;
@@ -218,8 +249,8 @@ impl Reconciler {
                 Some(event) = inputs.files.recv() => self.on_file_event(event),
                 Some(ping) = inputs.pings.recv() => { let _ = ping.send(()); continue; }
                 _ = sleep_until(deadline.into()) => {}
-                _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
-                _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
+                _ = inputs.sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
+                _ = inputs.sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
             }
             // Take whatever else is queued, so that a burst costs one pass.
             while let Ok(update) = inputs.updates.try_recv() {
@@ -233,6 +264,7 @@ impl Reconciler {
             for index in 0..self.slots.len() {
                 if self.slots[index].read_at.is_some_and(|t| t <= now) {
                     self.slots[index].read_at = None;
+                    self.slots[index].settling_since = None;
                     self.read_local(index, now);
                     work = true;
                 }
@@ -264,8 +296,21 @@ impl Reconciler {
             FsEvent::Bundle => {
                 self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
             }
+            FsEvent::Rescan => {
+                tracing::warn!(
+                    "file events were lost; looking at the bundle and the local sources again"
+                );
+                self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                for slot in self.slots.iter_mut().filter(|s| !s.spec.is_cluster()) {
+                    slot.read_at.get_or_insert(at + SOURCE_SETTLE);
+                }
+            }
             FsEvent::Source(index) => {
-                self.slots[index].read_at.get_or_insert(at + SOURCE_SETTLE);
+                // Read once the events stop for a moment, but no later than a bound after the
+                // first one, so that a writer that never pauses is still followed.
+                let slot = &mut self.slots[index];
+                let first = *slot.settling_since.get_or_insert(at);
+                slot.read_at = Some((at + SOURCE_SETTLE).min(first + SOURCE_SETTLE_MAX));
             }
         }
     }
@@ -355,75 +400,73 @@ impl Reconciler {
                 None
             }
         };
-        let waiting: Vec<&str> = self
-            .slots
-            .iter()
-            .filter(|s| s.content.is_none())
-            .map(|s| s.name.as_str())
-            .collect();
-        if !waiting.is_empty() {
-            // Building from some sources only would drop the others' signers: keep the
-            // file (adopted, if valid) until each source has been read once.
-            self.desired = None;
-            self.publish(on_disk.as_deref(), None, None);
-            return;
-        }
-        let sources: Vec<SourceCertificates> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.content.clone())
-            .collect();
-        let built = match bundle::build(&sources, &self.memory, self.policy, now.unix_timestamp()) {
-            Ok(built) => built,
-            Err(e) => {
-                let problem = e.to_string();
-                if self.build_problem.as_ref() != Some(&problem) {
-                    tracing::error!(
-                        reason = bundle::NoValidCertificate::REASON,
-                        "{problem}; the file stays as it is"
-                    );
-                    self.count_sync_error(bundle::NoValidCertificate::REASON);
-                    self.build_problem = Some(problem.clone());
+        let all_read = self.slots.iter().all(|s| s.content.is_some());
+        let goal: Arc<[u8]> = if all_read {
+            match self.build(now) {
+                Some(desired) => desired.rendered.clone(),
+                None => {
+                    let problem = self.build_problem.clone();
+                    self.publish(on_disk.as_deref(), Some(false), problem);
+                    return;
                 }
-                self.desired = None;
-                self.publish(on_disk.as_deref(), Some(false), Some(problem));
-                return;
+            }
+        } else {
+            // Building from some sources only would drop the others' signers. Until each
+            // source has been read once, the adopted bundle stands, and is what a repair
+            // restores.
+            self.desired = None;
+            match &self.adopted {
+                Some(adopted) => adopted.clone(),
+                None => {
+                    self.publish(on_disk.as_deref(), None, None);
+                    return;
+                }
             }
         };
-        self.build_problem = None;
-        let rendered = built.bundle.render();
-        let sha256 = Fingerprint::of(&rendered);
-        self.desired = Some(Desired { built, rendered });
-
-        if on_disk.as_deref() == self.desired.as_ref().map(|d| d.rendered.as_slice()) {
+        let sha256 = Fingerprint::of(&goal);
+        if on_disk.as_deref() == Some(&goal[..]) {
+            match self.target.writer().repair_mode() {
+                Ok(true) => {
+                    self.metrics.repairs.get_or_create(&self.file).inc();
+                    tracing::warn!(bundle = %self.file.filepath, "repaired the bundle's mode: something else had changed it");
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot check or repair the bundle's mode"),
+            }
             self.in_sync(sha256);
-            self.publish(on_disk.as_deref(), Some(true), None);
+            self.publish(on_disk.as_deref(), self.in_sync_state(), None);
             return;
         }
         let at = Instant::now();
-        // The sources have not changed since this bundle was written: someone else
-        // changed the file.
+        // The goal has not changed since it was written (or adopted): someone else changed
+        // the file.
         let repair = self.last_written == Some(sha256);
-        if repair && self.repair.blocked(at) {
-            self.retry_at = self.repair.until;
-            self.publish(
-                on_disk.as_deref(),
-                Some(false),
-                Some("the file was changed by something else; repair is backing off".into()),
-            );
+        let (waiting_for, problem) = if repair && self.repair.blocked(at) {
+            (
+                self.repair.until,
+                "the file was changed by something else; repair is backing off",
+            )
+        } else if self.write_failed == Some(sha256) && self.write_retry.blocked(at) {
+            (
+                self.write_retry.until,
+                "the last write failed; retrying with backoff",
+            )
+        } else {
+            (None, "")
+        };
+        if waiting_for.is_some() {
+            self.retry_at = waiting_for;
+            self.publish(on_disk.as_deref(), Some(false), Some(problem.into()));
             return;
         }
-        if self.write_retry.blocked(at) {
-            self.retry_at = self.write_retry.until;
-            self.publish(
-                on_disk.as_deref(),
-                Some(false),
-                Some("the last write failed; retrying with backoff".into()),
-            );
-            return;
-        }
-        let desired = self.desired.as_ref().expect("set above");
-        match self.target.apply(&desired.built, &desired.rendered, now) {
+        let written = match &self.desired {
+            Some(desired) if all_read => {
+                self.target
+                    .apply(&desired.built, &desired.rendered, now, !repair)
+            }
+            _ => self.target.restore(&goal),
+        };
+        match written {
             Ok(applied) => {
                 if applied.replaced {
                     self.metrics.writes.get_or_create(&self.file).inc();
@@ -439,13 +482,17 @@ impl Reconciler {
                     }
                     self.run_exec_on_change();
                 }
+                self.write_failed = None;
                 self.write_retry.clear();
                 self.in_sync(sha256);
-                let rendered = self.desired.as_ref().map(|d| d.rendered.clone());
-                self.publish(rendered.as_deref(), Some(true), None);
+                self.publish(Some(&goal), self.in_sync_state(), None);
             }
             Err(e) => {
                 self.count_sync_error(e.reason());
+                if self.write_failed != Some(sha256) {
+                    self.write_retry.clear();
+                }
+                self.write_failed = Some(sha256);
                 self.write_retry
                     .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
                 self.retry_at = self.write_retry.until;
@@ -455,12 +502,61 @@ impl Reconciler {
         }
     }
 
+    /// Builds the bundle from every source's last good content, or records why it cannot
+    /// be built (logged and counted once per distinct problem).
+    fn build(&mut self, now: OffsetDateTime) -> Option<&Desired> {
+        let sources: Vec<SourceCertificates> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.content.clone())
+            .collect();
+        match bundle::build(&sources, &self.memory, self.policy, now.unix_timestamp()) {
+            Ok(built) => {
+                self.build_problem = None;
+                let rendered = built.bundle.render().into();
+                self.desired = Some(Desired { built, rendered });
+                self.desired.as_ref()
+            }
+            Err(e) => {
+                let problem = e.to_string();
+                if self.build_problem.as_ref() != Some(&problem) {
+                    tracing::error!(
+                        reason = bundle::NoValidCertificate::REASON,
+                        "{problem}; the file stays as it is"
+                    );
+                    self.count_sync_error(bundle::NoValidCertificate::REASON);
+                    self.build_problem = Some(problem);
+                }
+                self.desired = None;
+                None
+            }
+        }
+    }
+
+    /// In sync with the sources (`Some(true)`), or holding the adopted bundle while a
+    /// source has not been read yet (`None`: nothing to compare with).
+    fn in_sync_state(&self) -> Option<bool> {
+        self.desired.is_some().then_some(true)
+    }
+
     fn in_sync(&mut self, sha256: Fingerprint) {
         self.last_written = Some(sha256);
         self.pending_since = None;
         self.last_sync = Some(unix_now());
         if let Some(desired) = &self.desired {
             self.memory = desired.built.memory.clone();
+            // Records follow the state they describe, whether or not a write was needed.
+            let key = (
+                sha256,
+                self.memory
+                    .iter()
+                    .map(|r| (r.certificate.fingerprint(), r.missing_since))
+                    .collect(),
+            );
+            if self.recorded.as_ref() != Some(&key) {
+                self.target.record(&desired.built, &sha256.to_hex());
+                self.recorded = Some(key);
+            }
         }
     }
 
@@ -523,7 +619,7 @@ impl Reconciler {
             ),
             Some(bytes) => {
                 // When the file holds the bundle just built, its certificates are known.
-                let built = self.desired.as_ref().filter(|d| d.rendered == bytes);
+                let built = self.desired.as_ref().filter(|d| &d.rendered[..] == bytes);
                 let parsed = match built {
                     Some(d) => Ok(d.built.bundle.certificates().to_vec()),
                     None => bundle::parse_source(bytes).map(|p| p.certificates),

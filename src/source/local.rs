@@ -20,6 +20,15 @@ pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
             let mut files = Vec::new();
             for path in dir_members(&name, dir)? {
                 let bytes = read_limited(&name, &path)?;
+                // `cp` over a member truncates it first: an empty member is one being
+                // written, and its signers must not drop out of the bundle meanwhile.
+                if bytes.is_empty() {
+                    return Err(SourceError::Invalid {
+                        spec: name,
+                        reason: "empty_file",
+                        problem: format!("{} is empty (being written?)", path.display()),
+                    });
+                }
                 files.push((Some(path.display().to_string()), bytes));
             }
             parse_parts(&name, files.iter().map(|(p, b)| (p.clone(), b.as_slice())))

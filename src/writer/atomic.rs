@@ -4,7 +4,6 @@
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,39 +58,57 @@ pub fn replace(target: &Path, content: &[u8], attributes: &Attributes) -> Result
             .map_err(ReplaceError::at("setting the owner"))?;
     }
     if let Some(label) = &attributes.selinux_label {
-        file.set_xattr(SELINUX_XATTR, label)
-            .map_err(ReplaceError::at("copying the SELinux label"))?;
+        // The new file already has its directory's default label, usually the same; a
+        // policy that forbids relabelling must not block every update.
+        let current = file.get_xattr(SELINUX_XATTR).ok().flatten();
+        if current.as_ref() != Some(label)
+            && let Err(e) = file.set_xattr(SELINUX_XATTR, label)
+        {
+            tracing::warn!(error = %e, "cannot copy the SELinux label to the new bundle; it keeps its directory's default label");
+        }
     }
     file.sync_all()
         .map_err(ReplaceError::at("fsync of the temporary file"))?;
     fs::rename(&temp.path, target).map_err(ReplaceError::at("renaming over the file"))?;
     temp.committed();
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(ReplaceError::at("fsync of the directory"))
+    // The file is replaced now; failing to make the rename durable is worth a warning,
+    // not a failed write.
+    if let Err(e) = File::open(&dir).and_then(|d| d.sync_all()) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot fsync the directory: the new file may not survive a power loss");
+    }
+    Ok(())
 }
 
-/// Removes temporary files for `target` left behind by a process that no longer runs
-/// (a run killed between create and rename). Returns what it removed.
-pub fn remove_stale_temp_files(target: &Path) -> io::Result<Vec<PathBuf>> {
-    let dir = parent_dir(target);
-    let prefix = temp_prefix(target);
+/// Removes temporary files of this agent in `dir` left behind by a process that was killed
+/// between create and rename. A writer holds an exclusive lock on its temporary file until
+/// the rename, so a file whose lock can be taken has no writer left (a PID could have been
+/// reused). Returns what it removed.
+pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
-    for entry in fs::read_dir(&dir)? {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        let Some(rest) = name.as_bytes().strip_prefix(prefix.as_bytes()) else {
-            continue;
-        };
-        let owner_pid = std::str::from_utf8(rest)
-            .ok()
-            .and_then(|r| r.split('.').next())
-            .and_then(|pid| pid.parse::<i32>().ok());
-        if owner_pid.is_some_and(|pid| pid != std::process::id() as i32 && process_alive(pid)) {
+        if !name.to_string_lossy().contains(TEMP_MARKER) {
             continue;
         }
-        match fs::remove_file(entry.path()) {
-            Ok(()) => removed.push(entry.path()),
+        let path = entry.path();
+        let Ok(file) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_flags())
+            .open(&path)
+        else {
+            continue;
+        };
+        if file.try_lock().is_err() {
+            continue;
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => removed.push(path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
@@ -110,15 +127,6 @@ pub fn parent_dir(path: &Path) -> PathBuf {
 fn temp_prefix(target: &Path) -> String {
     let name = target.file_name().unwrap_or_default().to_string_lossy();
     format!(".{name}{TEMP_MARKER}")
-}
-
-fn process_alive(pid: i32) -> bool {
-    use nix::errno::Errno;
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) => true,
-        Err(Errno::EPERM) => true,
-        Err(_) => false,
-    }
 }
 
 /// A temporary file that removes itself unless it was renamed into place.
@@ -147,6 +155,8 @@ impl TempFile {
                 .open(&path);
             match opened {
                 Ok(file) => {
+                    // Held until the rename: it tells a cleanup that this file is in use.
+                    file.try_lock().map_err(io::Error::from)?;
                     return Ok(TempFile {
                         path,
                         file,

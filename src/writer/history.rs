@@ -41,8 +41,9 @@ impl History {
             .map_err(io::Error::other)?;
         let sha = hex::encode(Sha256::digest(content));
         let path = self.dir.join(format!("{stamp}-{sha}.crt"));
+        // Only root reads history: it holds what the node trusted, for an operator.
         let attributes = Attributes {
-            mode: 0o644,
+            mode: 0o600,
             ..Attributes::default()
         };
         atomic::replace(&path, content, &attributes).map_err(|e| e.error)?;

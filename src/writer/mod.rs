@@ -82,9 +82,16 @@ impl BundleWriter {
         }
     }
 
-    /// Removes temporary files an earlier, killed run left next to the managed file.
-    pub fn remove_stale_temp_files(&self) -> io::Result<Vec<PathBuf>> {
-        atomic::remove_stale_temp_files(&self.path)
+    /// Puts the file's mode back to `--file-mode` if something changed it. Returns whether
+    /// it did. The content is not touched, so the inode and consumers' watches stay.
+    pub fn repair_mode(&self) -> io::Result<bool> {
+        use std::os::unix::fs::PermissionsExt;
+        let metadata = fs::metadata(&self.path)?;
+        if metadata.permissions().mode() & 0o7777 == self.mode {
+            return Ok(false);
+        }
+        fs::set_permissions(&self.path, fs::Permissions::from_mode(self.mode))?;
+        Ok(true)
     }
 
     /// Makes the file hold `content`: nothing happens when it already does; otherwise the
