@@ -91,6 +91,10 @@ fn garbage_and_deletion_are_repaired_within_a_second() {
     agent.wait_listening();
     assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
     assert!(agent.log().contains("repaired the bundle"));
+    // Someone else's content is not history: history keeps this agent's bundles.
+    let history = node.state_dir().join("history");
+    let entries = fs::read_dir(&history).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(entries, 0, "repairs must not fill history");
 }
 
 #[test]
@@ -280,6 +284,111 @@ fn an_adopted_valid_file_makes_the_agent_ready_while_the_cluster_is_unreachable(
         before,
         "the adopted file is left alone"
     );
+}
+
+#[test]
+fn while_the_cluster_is_unreachable_the_adopted_bundle_is_what_a_repair_restores() {
+    let node = Node::new();
+    let pem = pki::bundle_of(2, "adopted");
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), &pem).unwrap();
+    let kubeconfig = node.root().join("kubeconfig");
+    fs::write(&kubeconfig, KUBECONFIG_NOWHERE).unwrap();
+    let agent = Agent::start(
+        &node,
+        &["configmap:openshift-config-managed/kube-apiserver-client-ca"],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    agent.wait_listening();
+    // Nothing to compare with yet: no in-sync series rather than a false 0.
+    assert_eq!(agent.metric("kubelet_ca_bundle_in_sync{"), None);
+    fs::remove_file(node.bundle()).unwrap();
+    wait_until(SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    fs::write(node.bundle(), "a stale bundle from somewhere else").unwrap();
+    wait_until(2 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+    assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
+}
+
+#[test]
+fn a_changed_mode_is_put_back_without_rewriting_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    let source = node.source("signers.pem", &pem);
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
+    });
+    let (inode, ..) = fingerprint_file(&node.bundle());
+    fs::set_permissions(node.bundle(), fs::Permissions::from_mode(0o600)).unwrap();
+    let mode = || fs::metadata(node.bundle()).unwrap().permissions().mode() & 0o777;
+    wait_until(SECOND, || mode() == 0o644);
+    assert_eq!(
+        fingerprint_file(&node.bundle()).0,
+        inode,
+        "the file was rewritten"
+    );
+    agent.wait_listening();
+    assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(1.0));
+}
+
+#[test]
+fn an_emptied_member_of_a_dir_source_does_not_drop_its_signers() {
+    let node = Node::new();
+    let dir = node.root().join("signers");
+    fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    fs::write(dir.join("a.crt"), a.pem()).unwrap();
+    fs::write(dir.join("b.crt"), b.pem()).unwrap();
+    let agent = Agent::start(&node, &[&format!("dir:{}", dir.display())], &[]);
+    let both = a.pem() + &b.pem();
+    wait_until(5 * SECOND, || {
+        fs::read(node.bundle()).is_ok_and(|x| x == both.as_bytes())
+    });
+    agent.wait_listening();
+    // `cp` truncates before it writes: the moment in between must not cost b's clients.
+    fs::write(dir.join("b.crt"), "").unwrap();
+    wait_until(2 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 0.0)
+    });
+    assert_eq!(fs::read(node.bundle()).unwrap(), both.as_bytes());
+    assert!(agent.log().contains("empty_file"));
+    fs::write(dir.join("b.crt"), b.pem()).unwrap();
+    wait_until(2 * SECOND, || {
+        agent
+            .metric("kubelet_ca_source_up{")
+            .is_some_and(|v| v == 1.0)
+    });
+}
+
+#[test]
+fn records_are_kept_even_when_no_write_is_needed() {
+    let node = Node::new();
+    let pem = pki::bundle_of(2, "ca");
+    let source = node.source("signers.pem", &pem);
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), &pem).unwrap();
+    let agent = Agent::start(&node, &[&source], &[]);
+    agent.wait_listening();
+    let managed = node.state_dir().join("managed-files.json");
+    wait_until(2 * SECOND, || managed.exists());
+    let json: serde_json::Value = serde_json::from_slice(&fs::read(&managed).unwrap()).unwrap();
+    let sha = {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(pem.as_bytes()))
+    };
+    assert_eq!(json["files"][0]["sha256"], sha);
+    assert_eq!(json["files"][0]["path"], node.bundle().to_str().unwrap());
 }
 
 #[test]

@@ -143,6 +143,8 @@ fn rotation_replaces_the_file_with_a_new_inode_and_keeps_history() {
         .collect();
     assert_eq!(history.len(), 1);
     assert_eq!(fs::read(&history[0]).unwrap(), old.pem().as_bytes());
+    let mode = fs::metadata(&history[0]).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "history is for root only");
     let name = history[0]
         .file_name()
         .unwrap()
@@ -305,6 +307,40 @@ fn stale_temporary_files_from_a_killed_run_are_removed() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stale.exists());
     assert_eq!(node.stray_files(), vec!["other.conf".to_string()]);
+}
+
+#[test]
+fn a_temporary_file_still_being_written_is_left_alone() {
+    let node = Node::new();
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    // Another writer's temporary file, locked as ours are while they are written.
+    let busy = node
+        .bundle_dir()
+        .join(".kubelet-ca.crt.kubelet-ca-agent-tmp.1.0");
+    let file = fs::File::create(&busy).unwrap();
+    file.lock().unwrap();
+    let stale_history = node
+        .state_dir()
+        .join("history/.x.crt.kubelet-ca-agent-tmp.1.0");
+    fs::create_dir_all(stale_history.parent().unwrap()).unwrap();
+    fs::write(&stale_history, "half").unwrap();
+    let out = node.sync(&[&node.source("a.pem", pki::bundle_of(1, "ca"))], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        busy.exists(),
+        "a locked temporary file belongs to a live writer"
+    );
+    assert!(
+        !stale_history.exists(),
+        "stale temporary files in history/ are removed too"
+    );
+    drop(file);
+    assert!(
+        node.sync(&[&node.source("a.pem", pki::bundle_of(1, "ca2"))], &[])
+            .status
+            .success()
+    );
+    assert!(!busy.exists());
 }
 
 #[test]
