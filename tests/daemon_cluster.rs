@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::fs;
 use std::time::Duration;
 
 use base64::Engine;
@@ -26,10 +25,6 @@ fn start(node: &Node, api: &ApiServer, sources: &[&str]) -> Agent {
     )
 }
 
-fn has(node: &Node, content: &str) -> bool {
-    fs::read(node.bundle()).is_ok_and(|b| b == content.as_bytes())
-}
-
 fn b64(pem: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(pem)
 }
@@ -44,11 +39,11 @@ fn a_configmap_rotation_reaches_the_file_within_a_second() {
     );
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
     let agent = start(&node, &api, &[SPEC]);
-    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    wait_until(10 * SECOND, || node.holds(a.pem()));
 
     for next in [a.pem() + &b.pem(), b.pem()] {
         api.put_configmap(NS, NAME, &[("ca-bundle.crt", &next)], &[]);
-        let took = wait_until(SECOND, || has(&node, &next));
+        let took = wait_until(SECOND, || node.holds(&next));
         eprintln!("rotation reached the file in {took:?}");
     }
     agent.wait_listening();
@@ -66,7 +61,7 @@ fn a_controllerconfig_rotation_reaches_the_file_and_unrelated_changes_do_not() {
     );
     api.put_controllerconfig("machine-config-controller", &b64(&a.pem()));
     let _agent = start(&node, &api, &["controllerconfig:machine-config-controller"]);
-    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    wait_until(10 * SECOND, || node.holds(a.pem()));
     let before = fingerprint_file(&node.bundle());
     api.touch_controllerconfig("machine-config-controller");
     std::thread::sleep(SECOND / 2);
@@ -77,7 +72,7 @@ fn a_controllerconfig_rotation_reaches_the_file_and_unrelated_changes_do_not() {
     );
 
     api.put_controllerconfig("machine-config-controller", &b64(&(a.pem() + &b.pem())));
-    let took = wait_until(SECOND, || has(&node, &(a.pem() + &b.pem())));
+    let took = wait_until(SECOND, || node.holds(a.pem() + &b.pem()));
     eprintln!("ControllerConfig rotation reached the file in {took:?}");
 }
 
@@ -92,7 +87,7 @@ fn the_agent_rides_out_an_api_server_outage_and_a_410_gone() {
     );
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
     let agent = start(&node, &api, &[SPEC]);
-    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    wait_until(10 * SECOND, || node.holds(a.pem()));
     agent.wait_listening();
     let before = fingerprint_file(&node.bundle());
 
@@ -117,7 +112,7 @@ fn the_agent_rides_out_an_api_server_outage_and_a_410_gone() {
     // The restarted server has a fresh watch cache: the resumed watch gets 410 Gone and
     // the agent lists again.
     api.restart();
-    wait_until(40 * SECOND, || has(&node, &(a.pem() + &b.pem())));
+    wait_until(40 * SECOND, || node.holds(a.pem() + &b.pem()));
     wait_until(5 * SECOND, || {
         agent
             .metric("kubelet_ca_source_up{")
@@ -133,7 +128,7 @@ fn the_agent_rides_out_an_api_server_outage_and_a_410_gone() {
     api.compact();
     api.close_watches();
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &c.pem())], &[]);
-    wait_until(10 * SECOND, || has(&node, &c.pem()));
+    wait_until(10 * SECOND, || node.holds(c.pem()));
     let lists = api.requests().iter().filter(|r| r.is_list()).count();
     assert!(lists >= 2, "a 410 must lead to a new list ({lists} lists)");
 }
@@ -148,7 +143,7 @@ fn a_deleted_configmap_keeps_the_file_and_its_return_converges() {
     );
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
     let agent = start(&node, &api, &[SPEC]);
-    wait_until(10 * SECOND, || has(&node, &a.pem()));
+    wait_until(10 * SECOND, || node.holds(a.pem()));
     agent.wait_listening();
     let before = fingerprint_file(&node.bundle());
 
@@ -169,7 +164,7 @@ fn a_deleted_configmap_keeps_the_file_and_its_return_converges() {
     assert!(verbose.contains("does not exist"), "{verbose}");
 
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
-    wait_until(SECOND, || has(&node, &b.pem()));
+    wait_until(SECOND, || node.holds(b.pem()));
     wait_until(SECOND, || {
         agent
             .metric("kubelet_ca_source_up{")
@@ -189,7 +184,7 @@ fn bad_content_from_the_cluster_never_reaches_the_file_or_the_log() {
         &api,
         &[SPEC, "controllerconfig:machine-config-controller"],
     );
-    wait_until(10 * SECOND, || has(&node, &good.pem()));
+    wait_until(10 * SECOND, || node.holds(good.pem()));
     agent.wait_listening();
     let before = fingerprint_file(&node.bundle());
     let key = good.key_pem();
@@ -255,10 +250,10 @@ fn steady_state_is_one_watch_and_no_relist() {
         .collect();
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pems[0])], &[]);
     let _agent = start(&node, &api, &[SPEC]);
-    wait_until(10 * SECOND, || has(&node, &pems[0]));
+    wait_until(10 * SECOND, || node.holds(&pems[0]));
     for pem in &pems[1..] {
         api.put_configmap(NS, NAME, &[("ca-bundle.crt", pem)], &[]);
-        wait_until(SECOND, || has(&node, pem));
+        wait_until(SECOND, || node.holds(pem));
         // Unrelated objects move the resourceVersion, so bookmarks flow.
         api.put_configmap("default", "unrelated", &[("x", pem)], &[]);
     }
@@ -266,7 +261,7 @@ fn steady_state_is_one_watch_and_no_relist() {
     api.close_watches();
     std::thread::sleep(SECOND);
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pems[0])], &[]);
-    wait_until(SECOND, || has(&node, &pems[0]));
+    wait_until(SECOND, || node.holds(&pems[0]));
 
     let requests = api.requests();
     let lists = requests.iter().filter(|r| r.is_list()).count();
@@ -303,7 +298,7 @@ fn every_key_and_binary_data_with_star() {
         &[("1-a.crt", a.pem().as_bytes())],
     );
     let _agent = start(&node, &api, &[&format!("{SPEC}/*")]);
-    wait_until(10 * SECOND, || has(&node, &(a.pem() + &b.pem() + &c.pem())));
+    wait_until(10 * SECOND, || node.holds(a.pem() + &b.pem() + &c.pem()));
 }
 
 #[test]
@@ -353,7 +348,7 @@ fn a_forbidden_list_at_start_reports_the_source_down_then_recovers() {
     api.fail_next(1, 403);
     let agent = start(&node, &api, &[SPEC]);
     agent.wait_listening();
-    wait_until(10 * SECOND, || has(&node, &pem));
+    wait_until(10 * SECOND, || node.holds(&pem));
     assert!(agent.log().contains("forbidden"), "{}", agent.log());
 }
 
@@ -364,7 +359,7 @@ fn a_source_is_up_again_when_its_watch_recovers_without_a_change() {
     let pem = pki::bundle_of(1, "ca");
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pem)], &[]);
     let agent = start(&node, &api, &[SPEC]);
-    wait_until(10 * SECOND, || has(&node, &pem));
+    wait_until(10 * SECOND, || node.holds(&pem));
     agent.wait_listening();
     // The watch ends and its restart fails once; the object does not change, so the watch
     // that follows brings no event.

@@ -24,17 +24,13 @@ fn a_file_source_replaced_by_mv_reaches_the_bundle_within_a_second() {
     );
     let source = node.source("signers.pem", a.pem());
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == a.pem().as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(a.pem()));
 
     let path = source.strip_prefix("file:").unwrap();
     let staged = format!("{path}.new");
     fs::write(&staged, a.pem() + &b.pem()).unwrap();
     fs::rename(&staged, path).unwrap();
-    let took = wait_until(SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == (a.pem() + &b.pem()).as_bytes())
-    });
+    let took = wait_until(SECOND, || node.holds(a.pem() + &b.pem()));
     eprintln!("rotation reached the bundle in {took:?}");
     assert!(agent.log().contains("bundle written"));
 }
@@ -55,17 +51,11 @@ fn relative_paths_are_watched_too() {
             .arg("--bundle")
             .arg("etc/kubernetes/kubelet-ca.crt");
     });
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == a.pem().as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(a.pem()));
     fs::write(node.root().join("signers/b.crt"), b.pem()).unwrap();
-    wait_until(SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == both.as_bytes())
-    });
+    wait_until(SECOND, || node.holds(&both));
     fs::write(node.bundle(), "garbage").unwrap();
-    wait_until(SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == both.as_bytes())
-    });
+    wait_until(SECOND, || node.holds(&both));
 }
 
 #[test]
@@ -74,19 +64,13 @@ fn garbage_and_deletion_are_repaired_within_a_second() {
     let pem = pki::bundle_of(2, "ca");
     let source = node.source("signers.pem", &pem);
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(&pem));
 
     fs::write(node.bundle(), "garbage\n").unwrap();
-    let took = wait_until(SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    let took = wait_until(SECOND, || node.holds(&pem));
     eprintln!("garbage repaired in {took:?}");
     fs::remove_file(node.bundle()).unwrap();
-    let took = wait_until(SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    let took = wait_until(SECOND, || node.holds(&pem));
     eprintln!("deletion repaired in {took:?}");
     agent.wait_listening();
     assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
@@ -103,9 +87,7 @@ fn a_writer_fighting_over_the_file_meets_backoff_not_a_busy_loop() {
     let pem = pki::bundle_of(1, "ca");
     let source = node.source("signers.pem", &pem);
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(&pem));
 
     // Another writer puts its own content back every 20 ms for 6 seconds.
     let start = Instant::now();
@@ -121,9 +103,7 @@ fn a_writer_fighting_over_the_file_meets_backoff_not_a_busy_loop() {
     // 250 ms doubling: repairs at about 0, 0.25, 0.75, 1.75, 3.75 s: five, never dozens.
     assert!((3.0..=7.0).contains(&repairs), "{repairs} repairs");
     // Once the other writer stops, the file comes back (after the backoff).
-    wait_until(10 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(10 * SECOND, || node.holds(&pem));
 }
 
 /// CPU time (user + system) of a process so far, in clock ticks.
@@ -139,14 +119,10 @@ fn after_a_repair_the_daemon_goes_idle() {
     let pem = pki::bundle_of(1, "ca");
     let source = node.source("signers.pem", &pem);
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(&pem));
     for _ in 0..2 {
         fs::write(node.bundle(), "garbage").unwrap();
-        wait_until(2 * SECOND, || {
-            fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-        });
+        wait_until(2 * SECOND, || node.holds(&pem));
     }
     // Let every backoff run out, then watch the CPU: a loop that spins would burn ~200
     // ticks in 2 s; an idle daemon burns none.
@@ -170,9 +146,7 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
     );
     let source = node.source("signers.pem", a.pem());
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == a.pem().as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(a.pem()));
     agent.wait_listening();
     let chattr = |flag: &str| {
         std::process::Command::new("chattr")
@@ -206,9 +180,7 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
         a.pem().as_bytes(),
         "the old file is intact"
     );
-    wait_until(10 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == b.pem().as_bytes())
-    });
+    wait_until(10 * SECOND, || node.holds(b.pem()));
 }
 
 #[test]
@@ -217,9 +189,7 @@ fn bad_content_in_a_source_never_reaches_the_file_or_the_log() {
     let signer = Signer::new("good", Algorithm::P256);
     let source = node.source("signers.pem", signer.pem());
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == signer.pem().as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(signer.pem()));
     agent.wait_listening();
     let before = fingerprint_file(&node.bundle());
 
@@ -303,14 +273,10 @@ fn while_the_cluster_is_unreachable_the_adopted_bundle_is_what_a_repair_restores
     // Nothing to compare with yet: no in-sync series rather than a false 0.
     assert_eq!(agent.metric("kubelet_ca_bundle_in_sync{"), None);
     fs::remove_file(node.bundle()).unwrap();
-    wait_until(SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(SECOND, || node.holds(&pem));
     std::thread::sleep(Duration::from_millis(300));
     fs::write(node.bundle(), "a stale bundle from somewhere else").unwrap();
-    wait_until(2 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(2 * SECOND, || node.holds(&pem));
     assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
 }
 
@@ -321,9 +287,7 @@ fn a_changed_mode_is_put_back_without_rewriting_the_file() {
     let pem = pki::bundle_of(1, "ca");
     let source = node.source("signers.pem", &pem);
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == pem.as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(&pem));
     let (inode, ..) = fingerprint_file(&node.bundle());
     fs::set_permissions(node.bundle(), fs::Permissions::from_mode(0o600)).unwrap();
     let mode = || fs::metadata(node.bundle()).unwrap().permissions().mode() & 0o777;
@@ -350,9 +314,7 @@ fn an_emptied_member_of_a_dir_source_does_not_drop_its_signers() {
     fs::write(dir.join("b.crt"), b.pem()).unwrap();
     let agent = Agent::start(&node, &[&format!("dir:{}", dir.display())], &[]);
     let both = a.pem() + &b.pem();
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|x| x == both.as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(&both));
     agent.wait_listening();
     // `cp` truncates before it writes: the moment in between must not cost b's clients.
     fs::write(dir.join("b.crt"), "").unwrap();
@@ -495,13 +457,9 @@ fn the_bundle_changes_at_a_certificate_boundary_with_no_other_event() {
     let brief = Signer::valid_between("brief", Algorithm::P256, Span::hours(-1), Span::seconds(3));
     let source = node.source("signers.pem", lasting.pem() + &brief.pem());
     let agent = Agent::start(&node, &[&source], &["--drop-expired"]);
-    wait_until(5 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == (lasting.pem() + &brief.pem()).as_bytes())
-    });
+    wait_until(5 * SECOND, || node.holds(lasting.pem() + &brief.pem()));
     // Nothing touches the source; the timer at brief's notAfter drops it.
-    wait_until(6 * SECOND, || {
-        fs::read(node.bundle()).is_ok_and(|b| b == lasting.pem().as_bytes())
-    });
+    wait_until(6 * SECOND, || node.holds(lasting.pem()));
     // The log line follows the rename.
     wait_until(SECOND, || agent.log().contains("removed=1"));
 }

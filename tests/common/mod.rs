@@ -55,6 +55,11 @@ impl Node {
         format!("file:{}", path.display())
     }
 
+    /// The bundle exists and holds exactly `content`.
+    pub fn holds(&self, content: impl AsRef<[u8]>) -> bool {
+        fs::read(self.bundle()).is_ok_and(|b| b == content.as_ref())
+    }
+
     pub fn read_bundle(&self) -> Vec<u8> {
         fs::read(self.bundle()).expect("bundle exists")
     }
