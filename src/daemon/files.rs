@@ -3,7 +3,9 @@
 //! so that a rename over a file, a delete and re-create, or a projected volume swapping its
 //! `..data` link are all seen.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 
 use notify::event::{AccessKind, AccessMode, EventKind};
@@ -29,7 +31,7 @@ pub fn watch(
     bundle: &Path,
     sources: &[SourceSpec],
     events: UnboundedSender<FsEvent>,
-) -> notify::Result<RecommendedWatcher> {
+) -> anyhow::Result<RecommendedWatcher> {
     // notify reports absolute paths (it joins a relative watch path to the working
     // directory), so the paths matched against them must be absolute too.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -88,11 +90,23 @@ pub fn watch(
         }
     };
     let mut watcher = notify::recommended_watcher(handler)?;
-    let dirs: BTreeSet<PathBuf> = std::iter::once(bundle_dir)
-        .chain(source_dirs.into_iter().map(|(_, d)| d))
-        .collect();
-    for dir in dirs {
-        watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    // Each directory once, with what it is for, so that an error can say so.
+    let mut dirs: BTreeMap<PathBuf, String> = BTreeMap::new();
+    dirs.insert(
+        bundle_dir,
+        format!("the directory of the bundle {}", bundle.display()),
+    );
+    for (index, dir) in source_dirs {
+        dirs.entry(dir)
+            .or_insert_with(|| format!("the directory of source {}", sources[index]));
+    }
+    for (dir, role) in dirs {
+        if !dir.is_dir() {
+            anyhow::bail!("{} does not exist ({role})", dir.display());
+        }
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .with_context(|| format!("cannot watch {} ({role})", dir.display()))?;
     }
     Ok(watcher)
 }

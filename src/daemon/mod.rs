@@ -65,13 +65,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     let router = server::router(status_rx, registry, ping_tx, args.server.insecure_metrics);
     tokio::spawn(server::serve(listener, router));
 
-    let _fs_watcher =
-        files::watch(&args.common.bundle, &args.common.sources, fs_tx).with_context(|| {
-            format!(
-                "cannot watch the directory of {} or of the local sources",
-                args.common.bundle.display()
-            )
-        })?;
+    let _fs_watcher = files::watch(&args.common.bundle, &args.common.sources, fs_tx)?;
 
     let sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
