@@ -36,6 +36,11 @@ struct Run {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
+    if !full {
+        println!(
+            "(smoke run of the daemon benchmark: a debug build and few updates; `cargo bench --bench daemon` gives the figures)"
+        );
+    }
     let run = if full {
         Run {
             updates: 500,
