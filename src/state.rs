@@ -120,11 +120,6 @@ impl StateDir {
         self.write_json(MANAGED_FILES, &file)
     }
 
-    pub fn load_managed_files(&self) -> io::Result<ManagedFiles> {
-        let text = fs::read(self.path.join(MANAGED_FILES))?;
-        serde_json::from_slice(&text).map_err(io::Error::other)
-    }
-
     fn write_json(&self, name: &str, value: &impl Serialize) -> io::Result<()> {
         let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
         bytes.push(b'\n');

@@ -184,7 +184,8 @@ impl Target {
         })
     }
 
-    /// Makes the file hold `built`, written only if its bytes differ; the replaced bundle
+    /// Makes the file hold `built`, written only if its bytes differ from `current` (what
+    /// the caller just read from it); the replaced bundle
     /// goes to history unless `history` is false (a repair replaces someone else's content,
     /// not a bundle of ours). The caller records the state that goes with it
     /// ([`Target::record`]).
@@ -192,11 +193,12 @@ impl Target {
         &self,
         built: &Built,
         rendered: &[u8],
+        current: Option<&[u8]>,
         now: OffsetDateTime,
         history: bool,
     ) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(rendered).to_hex();
-        let outcome = self.writer.write(rendered)?;
+        let outcome = self.writer.write(rendered, current)?;
         let certificates = built.bundle.len();
         let path = self.path().display();
         let applied = match outcome {
@@ -232,9 +234,12 @@ impl Target {
     }
 
     /// Puts back `content` (the adopted bundle) after something else changed the file.
-    pub fn restore(&self, content: &[u8]) -> Result<Applied, WriteError> {
+    pub fn restore(&self, content: &[u8], current: Option<&[u8]>) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(content).to_hex();
-        let replaced = matches!(self.writer.write(content)?, Outcome::Replaced { .. });
+        let replaced = matches!(
+            self.writer.write(content, current)?,
+            Outcome::Replaced { .. }
+        );
         Ok(Applied {
             replaced,
             sha256,

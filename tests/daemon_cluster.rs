@@ -94,11 +94,7 @@ fn the_agent_rides_out_an_api_server_outage_and_a_410_gone() {
     api.stop();
     // An update made while the agent cannot see it.
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &(a.pem() + &b.pem()))], &[]);
-    wait_until(10 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 0.0)
-    });
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
     std::thread::sleep(2 * SECOND);
     assert_eq!(
         fingerprint_file(&node.bundle()),
@@ -113,11 +109,7 @@ fn the_agent_rides_out_an_api_server_outage_and_a_410_gone() {
     // the agent lists again.
     api.restart();
     wait_until(40 * SECOND, || node.holds(a.pem() + &b.pem()));
-    wait_until(5 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 1.0)
-    });
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
     assert!(
         agent
             .metric("kubelet_ca_watch_restarts_total{")
@@ -148,11 +140,7 @@ fn a_deleted_configmap_keeps_the_file_and_its_return_converges() {
     let before = fingerprint_file(&node.bundle());
 
     api.delete_configmap(NS, NAME);
-    wait_until(5 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 0.0)
-    });
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 0.0);
     std::thread::sleep(SECOND / 2);
     assert_eq!(
         fingerprint_file(&node.bundle()),
@@ -165,11 +153,7 @@ fn a_deleted_configmap_keeps_the_file_and_its_return_converges() {
 
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
     wait_until(SECOND, || node.holds(b.pem()));
-    wait_until(SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 1.0)
-    });
+    agent.wait_metric(SECOND, "kubelet_ca_source_up{", 1.0);
 }
 
 #[test]
@@ -370,11 +354,7 @@ fn a_source_is_up_again_when_its_watch_recovers_without_a_change() {
             .metric("kubelet_ca_watch_restarts_total{")
             .is_some_and(|v| v >= 1.0)
     });
-    wait_until(10 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 1.0)
-    });
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 1.0);
     let (_, verbose) = agent.get("/readyz?verbose").unwrap();
     assert!(
         verbose.contains(&format!("[+]source:{SPEC} ok")),

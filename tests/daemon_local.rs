@@ -195,11 +195,7 @@ fn bad_content_in_a_source_never_reaches_the_file_or_the_log() {
 
     let key = signer.key_pem();
     fs::write(source.strip_prefix("file:").unwrap(), signer.pem() + &key).unwrap();
-    wait_until(2 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 0.0)
-    });
+    agent.wait_metric(2 * SECOND, "kubelet_ca_source_up{", 0.0);
     assert!(
         agent
             .metric("kubelet_ca_source_errors_total{source=")
@@ -318,19 +314,11 @@ fn an_emptied_member_of_a_dir_source_does_not_drop_its_signers() {
     agent.wait_listening();
     // `cp` truncates before it writes: the moment in between must not cost b's clients.
     fs::write(dir.join("b.crt"), "").unwrap();
-    wait_until(2 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 0.0)
-    });
+    agent.wait_metric(2 * SECOND, "kubelet_ca_source_up{", 0.0);
     assert_eq!(fs::read(node.bundle()).unwrap(), both.as_bytes());
     assert!(agent.log().contains("empty_file"));
     fs::write(dir.join("b.crt"), b.pem()).unwrap();
-    wait_until(2 * SECOND, || {
-        agent
-            .metric("kubelet_ca_source_up{")
-            .is_some_and(|v| v == 1.0)
-    });
+    agent.wait_metric(2 * SECOND, "kubelet_ca_source_up{", 1.0);
 }
 
 #[test]
@@ -413,11 +401,7 @@ fn metrics_follow_the_bundle() {
     let source = node.source("signers.pem", a.pem() + &b.pem());
     let agent = Agent::start(&node, &[&source], &["--node-name", "worker-1"]);
     agent.wait_listening();
-    wait_until(5 * SECOND, || {
-        agent
-            .metric("kubelet_ca_bundle_in_sync{")
-            .is_some_and(|v| v == 1.0)
-    });
+    agent.wait_metric(5 * SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
     let (_, body) = agent.get("/metrics").unwrap();
     for needle in [
         "x509_cert_not_after{filepath=",
@@ -486,11 +470,7 @@ fn exec_on_change_runs_after_each_replace_and_failures_are_counted() {
         fs::read(&marker).is_ok_and(|m| m == b.pem().as_bytes())
     });
     agent.wait_listening();
-    wait_until(2 * SECOND, || {
-        agent
-            .metric("kubelet_ca_exec_on_change_failures_total")
-            .is_some_and(|v| v == 2.0)
-    });
+    agent.wait_metric(2 * SECOND, "kubelet_ca_exec_on_change_failures_total", 2.0);
 }
 
 #[test]
@@ -499,11 +479,7 @@ fn promtool_accepts_the_metrics() {
     let source = node.source("signers.pem", pki::bundle_of(3, "ca"));
     let agent = Agent::start(&node, &[&source], &[]);
     agent.wait_listening();
-    wait_until(5 * SECOND, || {
-        agent
-            .metric("kubelet_ca_bundle_in_sync{")
-            .is_some_and(|v| v == 1.0)
-    });
+    agent.wait_metric(5 * SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
     let (_, body) = agent.get("/metrics").unwrap();
     let mut promtool = std::process::Command::new("promtool")
         .args(["check", "metrics"])

@@ -37,7 +37,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     }
 
     target.prepare();
-    let applied = target.apply(&built, &rendered, now, true)?;
+    let applied = target.apply(&built, &rendered, on_disk.as_deref(), now, true)?;
     target.record(&built, &applied.sha256);
     if !applied.replaced {
         tracing::info!(bundle = %common.bundle.display(), certificates = built.bundle.len(), sha256 = %applied.sha256, "bundle already in sync");
@@ -74,24 +74,10 @@ fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> 
             }
             _ => local::load(spec)?,
         };
-        warn_not_ca(spec, &parsed);
+        crate::source::warn_not_ca(spec, &parsed);
         sources.push(parsed);
     }
     Ok(sources)
-}
-
-/// Certificates that are not CAs are left out, with a warning naming each.
-pub fn warn_not_ca(spec: &SourceSpec, parsed: &SourceCertificates) {
-    for skipped in &parsed.not_ca {
-        tracing::warn!(
-            source = %spec,
-            block = skipped.block,
-            subject = %skipped.certificate.display_name(),
-            sha256 = %skipped.certificate.fingerprint(),
-            reason = "not_ca",
-            "left out a certificate that is not a CA: the kubelet cannot verify clients with it"
-        );
-    }
 }
 
 fn print_plan(path: &Path, on_disk: Option<&[u8]>, new: &Bundle, rendered: &[u8]) {

@@ -350,7 +350,7 @@ impl Reconciler {
                             .get_or_create(&labels("not_ca"))
                             .inc_by(count);
                     }
-                    crate::commands::sync::warn_not_ca(&slot.spec, &content);
+                    crate::source::warn_not_ca(&slot.spec, &content);
                     tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source content changed");
                     slot.content = Some(content);
                     slot.last_change = Some(unix_now());
@@ -460,11 +460,14 @@ impl Reconciler {
             return;
         }
         let written = match &self.desired {
-            Some(desired) if all_read => {
-                self.target
-                    .apply(&desired.built, &desired.rendered, now, !repair)
-            }
-            _ => self.target.restore(&goal),
+            Some(desired) if all_read => self.target.apply(
+                &desired.built,
+                &desired.rendered,
+                on_disk.as_deref(),
+                now,
+                !repair,
+            ),
+            _ => self.target.restore(&goal, on_disk.as_deref()),
         };
         match written {
             Ok(applied) => {

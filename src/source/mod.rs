@@ -221,6 +221,20 @@ pub fn parse_parts<'a>(
     Ok(merged)
 }
 
+/// Certificates that are not CAs are left out, with a warning naming each.
+pub fn warn_not_ca(spec: &SourceSpec, parsed: &SourceCertificates) {
+    for skipped in &parsed.not_ca {
+        tracing::warn!(
+            source = %spec,
+            block = skipped.block,
+            subject = %skipped.certificate.display_name(),
+            sha256 = %skipped.certificate.fingerprint(),
+            reason = "not_ca",
+            "left out a certificate that is not a CA: the kubelet cannot verify clients with it"
+        );
+    }
+}
+
 /// RFC 1123 label, as Kubernetes requires of namespaces.
 fn check_dns_label(what: &str, value: &str) -> Result<(), String> {
     let ok = !value.is_empty()

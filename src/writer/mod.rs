@@ -94,13 +94,14 @@ impl BundleWriter {
         Ok(true)
     }
 
-    /// Makes the file hold `content`: nothing happens when it already does; otherwise the
-    /// file is replaced atomically.
-    pub fn write(&self, content: &[u8]) -> Result<Outcome, WriteError> {
-        let previous = self.read_current()?;
-        if previous.as_deref() == Some(content) {
+    /// Makes the file hold `content`, given what it holds now (`current`, from
+    /// [`BundleWriter::read_current`], read by the caller anyway): nothing happens when it
+    /// already holds `content`; otherwise the file is replaced atomically.
+    pub fn write(&self, content: &[u8], current: Option<&[u8]>) -> Result<Outcome, WriteError> {
+        if current == Some(content) {
             return Ok(Outcome::Unchanged);
         }
+        let previous = current.map(<[u8]>::to_vec);
         let attributes = self.attributes_for_replacement(previous.is_some());
         atomic::replace(&self.path, content, &attributes).map_err(|cause| WriteError::Replace {
             path: self.path.clone(),

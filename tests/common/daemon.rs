@@ -97,6 +97,11 @@ impl Agent {
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
     }
 
+    /// Waits until the metric sample starting with `prefix` equals `value`.
+    pub fn wait_metric(&self, limit: Duration, prefix: &str, value: f64) {
+        wait_until(limit, || self.metric(prefix).is_some_and(|v| v == value));
+    }
+
     /// Waits until the HTTP endpoint answers.
     pub fn wait_listening(&self) {
         wait_until(Duration::from_secs(10), || self.get("/livez").is_some());
