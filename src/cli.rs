@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::logging::LogFormat;
@@ -109,16 +110,20 @@ pub struct CommonArgs {
     #[arg(long, value_name = "OCTAL", env = "KUBELET_CA_AGENT_FILE_MODE", default_value = "0644", value_parser = parse_file_mode)]
     pub file_mode: u32,
     /// Leave certificates past their notAfter out of the bundle (default: keep them).
-    #[arg(long, env = "KUBELET_CA_AGENT_DROP_EXPIRED")]
+    #[arg(long, env = "KUBELET_CA_AGENT_DROP_EXPIRED", value_parser = BoolishValueParser::new())]
     pub drop_expired: bool,
     /// Keep a certificate that left every source for this long (never past its notAfter),
     /// e.g. 36h or 30d. 0s: the sources are the truth.
     #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_RETAIN_REMOVED", default_value = "0s", value_parser = parse_duration)]
     pub retain_removed: Duration,
     /// Run this command (no shell; words split like a shell would) after each replace of the
-    /// bundle, with KUBELET_CA_BUNDLE set to its path. Failures are logged, not retried.
+    /// bundle, with KUBELET_CA_BUNDLE set to its path. One run at a time: replaces during a
+    /// run make one more run after it. Failures are logged and counted, not retried.
     #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE", value_parser = parse_command)]
     pub exec_on_change: Option<ExecCommand>,
+    /// Kill an --exec-on-change command (and its process group) that runs longer than this.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub exec_on_change_timeout: Duration,
 }
 
 impl CommonArgs {
@@ -151,7 +156,7 @@ pub struct ServerArgs {
     )]
     pub listen: std::net::SocketAddr,
     /// Serve /metrics without TLS or authentication; only allowed on a loopback address.
-    #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS")]
+    #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS", value_parser = BoolishValueParser::new())]
     pub insecure_metrics: bool,
     /// This node's name, shown in logs and as the `node` label of kubelet_ca_agent_build_info.
     #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_NODE_NAME")]
@@ -164,7 +169,7 @@ pub struct SyncArgs {
     pub common: CommonArgs,
     /// Print which certificates would be added and removed and whether the file would
     /// change; write nothing.
-    #[arg(long, env = "KUBELET_CA_AGENT_DRY_RUN")]
+    #[arg(long, env = "KUBELET_CA_AGENT_DRY_RUN", value_parser = BoolishValueParser::new())]
     pub dry_run: bool,
 }
 
@@ -253,6 +258,28 @@ mod tests {
         assert!(parse_file_mode("0648").is_err());
         assert!(parse_file_mode("4644").is_err());
         assert!(parse_file_mode("0044").is_err());
+    }
+
+    #[test]
+    fn boolean_flags_take_the_usual_spellings_from_the_environment() {
+        let parse = |value: &str| {
+            // SAFETY: this test is the only one touching this variable.
+            unsafe { std::env::set_var("KUBELET_CA_AGENT_DRY_RUN", value) };
+            let parsed = Cli::try_parse_from(["kubelet-ca-agent", "sync"]);
+            unsafe { std::env::remove_var("KUBELET_CA_AGENT_DRY_RUN") };
+            match parsed.map(|c| c.command) {
+                Ok(Command::Sync(args)) => Ok(args.dry_run),
+                Ok(_) => unreachable!(),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        for yes in ["1", "true", "yes", "on", "TRUE"] {
+            assert_eq!(parse(yes), Ok(true), "{yes}");
+        }
+        for no in ["0", "false", "no", "off"] {
+            assert_eq!(parse(no), Ok(false), "{no}");
+        }
+        assert!(parse("maybe").is_err());
     }
 
     #[test]

@@ -1,31 +1,218 @@
 //! `--exec-on-change`: a command run after each successful replace of the bundle, with
-//! `KUBELET_CA_BUNDLE` set to its path. No shell; a failure is logged, never retried.
+//! `KUBELET_CA_BUNDLE` set to its path. No shell; a failure is logged and counted, never
+//! retried.
+//!
+//! The daemon runs one hook at a time on a thread of its own: replaces that happen while a
+//! hook runs are folded into one more run after it, so a burst of rotations costs at most
+//! two runs, never a pile of them. A hook that outlives `--exec-on-change-timeout` is
+//! killed with its whole process group, and so is a hook still running when the agent
+//! stops: no hook outlives the agent's clean exit.
 
-use std::path::Path;
-use std::process::Command;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Runs the command to completion. Returns whether it succeeded.
-pub fn run(command: &[String], bundle: &Path) -> bool {
-    let result = Command::new(&command[0])
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+/// After SIGTERM, how long a hook's process group has before SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How often a running hook is checked for exit, timeout or shutdown.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Runs the command to completion, or until `timeout`, or until `stop` says so. Returns
+/// whether it succeeded.
+pub fn run(command: &[String], bundle: &Path, timeout: Duration, stop: &dyn Fn() -> bool) -> bool {
+    let spawned = Command::new(&command[0])
         .args(&command[1..])
         .env("KUBELET_CA_BUNDLE", bundle)
         // The hook is not the service: it must not speak to systemd in our name.
         .env_remove("NOTIFY_SOCKET")
         .env_remove("WATCHDOG_USEC")
         .env_remove("WATCHDOG_PID")
-        .status();
-    match result {
-        Ok(status) if status.success() => {
-            tracing::info!(command = %command[0], "exec-on-change command succeeded");
-            true
-        }
-        Ok(status) => {
-            tracing::warn!(command = %command[0], %status, "exec-on-change command failed");
-            false
-        }
+        // Its own process group, so that what it starts can be stopped with it.
+        .process_group(0)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
         Err(e) => {
             tracing::warn!(command = %command[0], error = %e, "exec-on-change command could not start");
-            false
+            return false;
         }
+    };
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                tracing::info!(command = %command[0], "exec-on-change command succeeded");
+                return true;
+            }
+            Ok(Some(status)) => {
+                tracing::warn!(command = %command[0], %status, "exec-on-change command failed");
+                return false;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(command = %command[0], error = %e, "cannot wait for the exec-on-change command");
+                kill_group(&mut child);
+                return false;
+            }
+        }
+        if stop() {
+            tracing::warn!(command = %command[0], "stopping: killing the exec-on-change command still running");
+            kill_group(&mut child);
+            return false;
+        }
+        if started.elapsed() >= timeout {
+            tracing::warn!(command = %command[0], timeout = %humantime::format_duration(timeout), "exec-on-change command timed out; killed it and its process group");
+            kill_group(&mut child);
+            return false;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// SIGTERM to the hook's process group, then SIGKILL after a grace period; reaps the child.
+fn kill_group(child: &mut Child) {
+    let group = Pid::from_raw(child.id() as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = Instant::now() + KILL_GRACE;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    // Whatever else is left in the group (the child's own children) goes too.
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = child.wait();
+}
+
+#[derive(Default)]
+struct Queue {
+    /// A replace happened since the last run started.
+    pending: bool,
+    stopping: bool,
+}
+
+/// The daemon's hook runner: one hook at a time, later changes coalesced.
+pub struct Hooks {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Hooks {
+    /// Starts the runner; `failed` is called after each failed run.
+    pub fn start(
+        command: Vec<String>,
+        bundle: PathBuf,
+        timeout: Duration,
+        failed: impl Fn() + Send + 'static,
+    ) -> Hooks {
+        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let shared = queue.clone();
+        let thread = std::thread::Builder::new()
+            .name("exec-on-change".into())
+            .spawn(move || {
+                let (lock, wake) = &*shared;
+                let stopping = || lock.lock().map_or(true, |q| q.stopping);
+                loop {
+                    {
+                        let mut queue = lock.lock().expect("hook queue");
+                        while !queue.pending && !queue.stopping {
+                            queue = wake.wait(queue).expect("hook queue");
+                        }
+                        if queue.stopping {
+                            return;
+                        }
+                        queue.pending = false;
+                    }
+                    if !run(&command, &bundle, timeout, &stopping) {
+                        failed();
+                    }
+                }
+            })
+            .expect("spawn the exec-on-change thread");
+        Hooks {
+            queue,
+            thread: Some(thread),
+        }
+    }
+
+    /// Asks for a run after the one in progress, if any; several asks before it starts
+    /// make one run.
+    pub fn changed(&self) {
+        let (lock, wake) = &*self.queue;
+        if let Ok(mut queue) = lock.lock() {
+            queue.pending = true;
+            wake.notify_one();
+        }
+    }
+}
+
+impl Drop for Hooks {
+    /// Kills a hook still running, and waits for the runner to end.
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.queue;
+        if let Ok(mut queue) = lock.lock() {
+            queue.stopping = true;
+            wake.notify_one();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn words(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn a_hook_that_overstays_is_killed_with_its_group() {
+        let started = Instant::now();
+        let ok = run(
+            &words("sh -c sleep\u{20}30"),
+            Path::new("/x"),
+            Duration::from_millis(200),
+            &|| false,
+        );
+        assert!(!ok);
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn changes_during_a_run_are_coalesced_into_one_more_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let script = format!("echo run >> {}; sleep 0.3", log.display());
+        let failures = Arc::new(AtomicUsize::new(0));
+        let counted = failures.clone();
+        let hooks = Hooks::start(
+            vec!["sh".into(), "-c".into(), script],
+            PathBuf::from("/x"),
+            Duration::from_secs(10),
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        hooks.changed();
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..20 {
+            hooks.changed();
+        }
+        std::thread::sleep(Duration::from_millis(1200));
+        drop(hooks);
+        let runs = std::fs::read_to_string(&log).unwrap().lines().count();
+        assert_eq!(runs, 2, "one run, then one for all the changes during it");
+        assert_eq!(failures.load(Ordering::SeqCst), 0);
     }
 }

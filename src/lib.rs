@@ -9,6 +9,7 @@ pub mod commands;
 pub mod daemon;
 pub mod error;
 pub mod exec;
+pub mod fsutil;
 pub mod logging;
 pub mod metrics;
 pub mod server;
@@ -16,6 +17,7 @@ pub mod source;
 pub mod state;
 pub mod systemd;
 pub mod target;
+pub mod text;
 pub mod writer;
 
 use clap::Parser;

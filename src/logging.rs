@@ -1,12 +1,11 @@
 //! Logs go to stderr through `tracing`, as text or JSON. `RUST_LOG`, when set, wins over
 //! `--log-level` so that one noisy module can be turned up without touching the unit file.
 
-use std::io::IsTerminal;
-
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
 use crate::error::UsageError;
+use crate::text::EscapingWriter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -23,12 +22,20 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), UsageError> {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        // Logged values come from outside (subjects, file names, API errors): the text
+        // format escapes control characters in each line, and so has no colours of its own.
+        LogFormat::Text => builder
+            .with_ansi(false)
+            .with_writer(|| EscapingWriter(std::io::stderr()))
+            .init(),
+        // JSON escapes them itself.
+        LogFormat::Json => builder
+            .with_writer(std::io::stderr)
+            .json()
+            .flatten_event(true)
+            .init(),
     }
     Ok(())
 }

@@ -12,7 +12,11 @@ fn main() -> ExitCode {
                 let _ = clap_error.print();
                 return ExitCode::from(Exit::Usage as u8);
             }
-            eprintln!("kubelet-ca-agent: error: {error:#}");
+            let line = format!("{error:#}");
+            eprintln!(
+                "kubelet-ca-agent: error: {}",
+                kubelet_ca_agent::text::escape(&line)
+            );
             ExitCode::from(exit_code_for(&error) as u8)
         }
     }

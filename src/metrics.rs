@@ -78,6 +78,12 @@ pub struct Metrics {
     pub exec_on_change_failures: Counter,
     pub sync_duration: Histogram,
     pub watch_restarts: Family<SourceLabels, Counter>,
+    pub state_errors: Family<RecordLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecordLabels {
+    pub record: String,
 }
 
 impl Default for Metrics {
@@ -96,6 +102,7 @@ impl Default for Metrics {
             exec_on_change_failures: Counter::default(),
             sync_duration: Histogram::new(buckets),
             watch_restarts: Family::default(),
+            state_errors: Family::default(),
         }
     }
 }
@@ -144,6 +151,11 @@ pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> 
         "kubelet_ca_watch_restarts",
         "Restarts of a source's watch after an error",
         m.watch_restarts.clone(),
+    );
+    registry.register(
+        "kubelet_ca_state_errors",
+        "Failed writes of the records in the state directory (history, retention, managed_files); each is retried",
+        m.state_errors.clone(),
     );
     let build = BuildLabels {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -277,6 +289,14 @@ impl Collector for StateCollector {
                 ))
             }),
         )?;
+        encoder
+            .encode_descriptor(
+                "kubelet_ca_file_watch_up",
+                "1 when inotify watches every directory of the bundle and the local sources; 0 when changes there are seen only by the once-a-minute re-verification",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_gauge(&i64::from(status.file_watch.is_none()))?;
         gauge(
             &mut encoder,
             "kubelet_ca_last_sync_timestamp_seconds",

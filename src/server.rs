@@ -1,4 +1,5 @@
-//! The HTTP endpoint: `/livez` and `/healthz` (the reconciliation loop answers a ping),
+//! The HTTP endpoint: `/livez` and `/healthz` (the reconciliation loop answers a ping;
+//! concurrent probes share one answer),
 //! `/readyz` (from the loop's status, `?verbose` lists each check), and `/metrics`. Health
 //! paths need no authentication. `/metrics` is served only with `--insecure-metrics` (on
 //! loopback) until TLS client authentication is configured; otherwise it answers 401.
@@ -13,32 +14,87 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, watch};
 
 use crate::daemon::status::StatusRx;
 use crate::metrics;
+use crate::text::escape;
 
-/// A liveness ping: the loop answers on the oneshot when it gets to it.
-pub type Ping = oneshot::Sender<()>;
+/// How long a liveness probe waits for the loop to answer.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The server's side of liveness: it asks the loop to answer (`pings`, one slot: a ping
+/// already waiting serves every probe that comes meanwhile) and sees the loop's answers
+/// counted on `pongs`.
+#[derive(Clone)]
+pub struct Liveness {
+    pub pings: mpsc::Sender<()>,
+    pub pongs: watch::Receiver<u64>,
+}
+
+/// The loop's side: answer each ping by counting it.
+pub struct Pongs {
+    pub pings: mpsc::Receiver<()>,
+    pub pongs: watch::Sender<u64>,
+}
+
+impl Pongs {
+    pub fn answer(&self) {
+        self.pongs.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// The two ends of liveness.
+pub fn liveness() -> (Liveness, Pongs) {
+    let (ping_tx, ping_rx) = mpsc::channel(1);
+    let (pong_tx, pong_rx) = watch::channel(0);
+    (
+        Liveness {
+            pings: ping_tx,
+            pongs: pong_rx,
+        },
+        Pongs {
+            pings: ping_rx,
+            pongs: pong_tx,
+        },
+    )
+}
+
+impl Liveness {
+    /// True when the loop answers a ping sent after this call began: any answer counted
+    /// after the count seen here proves the loop went round since.
+    async fn alive(&self) -> bool {
+        let mut pongs = self.pongs.clone();
+        let seen = *pongs.borrow_and_update();
+        match self.pings.try_send(()) {
+            // A full slot is a ping already on its way: its answer serves this probe too.
+            Ok(()) | Err(mpsc::error::TrySendError::Full(())) => {}
+            Err(mpsc::error::TrySendError::Closed(())) => return false,
+        }
+        tokio::time::timeout(LIVENESS_TIMEOUT, pongs.wait_for(|&n| n != seen))
+            .await
+            .is_ok_and(|answered| answered.is_ok())
+    }
+}
 
 #[derive(Clone)]
 struct App {
     status: StatusRx,
     registry: Arc<Registry>,
-    pings: mpsc::Sender<Ping>,
+    liveness: Liveness,
     insecure_metrics: bool,
 }
 
 pub fn router(
     status: StatusRx,
     registry: Registry,
-    pings: mpsc::Sender<Ping>,
+    liveness: Liveness,
     insecure_metrics: bool,
 ) -> Router {
     let app = App {
         status,
         registry: Arc::new(registry),
-        pings,
+        liveness,
         insecure_metrics,
     };
     Router::new()
@@ -61,12 +117,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) {
 }
 
 async fn live(State(app): State<App>) -> Response {
-    let (tx, rx) = oneshot::channel();
-    let answered = app.pings.try_send(tx).is_ok()
-        && tokio::time::timeout(Duration::from_secs(2), rx)
-            .await
-            .is_ok_and(|r| r.is_ok());
-    if answered {
+    if app.liveness.alive().await {
         (StatusCode::OK, "ok\n").into_response()
     } else {
         (
@@ -92,10 +143,11 @@ async fn ready(
         return (code, if ready { "ok\n" } else { "not ready\n" }).into_response();
     }
     let mut body = String::new();
+    // Names and reasons carry outside text (paths, source specs, API errors).
     for (name, problem) in status.checks() {
         match problem {
-            None => body.push_str(&format!("[+]{name} ok\n")),
-            Some(why) => body.push_str(&format!("[-]{name} failed: {why}\n")),
+            None => body.push_str(&format!("[+]{} ok\n", escape(&name))),
+            Some(why) => body.push_str(&format!("[-]{} failed: {}\n", escape(&name), escape(&why))),
         }
     }
     body.push_str(if ready {

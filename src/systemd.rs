@@ -31,7 +31,9 @@ impl Notifier {
     pub fn status(&mut self, summary: &str) {
         if summary != self.last_status {
             self.last_status = summary.to_string();
-            let _ = sd_notify::notify(&[NotifyState::Status(summary)]);
+            // One line: a newline in it would start another notify assignment.
+            let line = crate::text::escape(summary);
+            let _ = sd_notify::notify(&[NotifyState::Status(&line)]);
         }
     }
 

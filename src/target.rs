@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use time::OffsetDateTime;
 
@@ -16,7 +17,7 @@ use crate::bundle::parse::scan;
 use crate::bundle::{self, Built, Certificate, Fingerprint, Remembered};
 use crate::cli::CommonArgs;
 use crate::state::StateDir;
-use crate::writer::{BundleWriter, History, Outcome, WriteError};
+use crate::writer::{BundleWriter, History, OnDisk, Outcome, WriteError};
 
 pub struct Target {
     writer: BundleWriter,
@@ -50,24 +51,98 @@ struct Keeper {
     bundle: PathBuf,
 }
 
+impl Record {
+    /// The `record` label of `kubelet_ca_state_errors_total`.
+    fn kind(&self) -> &'static str {
+        match self {
+            Record::History(..) => "history",
+            Record::Retention(_) => "retention",
+            Record::ManagedFiles(_) => "managed_files",
+        }
+    }
+}
+
 impl Keeper {
-    fn keep(&self, record: Record) {
+    fn keep(&self, record: &Record) -> Result<(), String> {
         let (what, result) = match record {
             Record::History(old, at) => (
                 "save the replaced bundle to history",
-                self.history.record(&old, at).map(drop),
+                self.history.record(old, *at).map(drop),
             ),
             Record::Retention(memory) => (
                 "save the retention memory",
-                self.state.save_retention(&memory),
+                self.state.save_retention(memory),
             ),
             Record::ManagedFiles(sha256) => (
                 "write managed-files.json",
-                self.state.save_managed_files(&self.bundle, &sha256),
+                self.state.save_managed_files(&self.bundle, sha256),
             ),
         };
-        if let Err(e) = result {
+        result.map_err(|e| {
             tracing::warn!(state_dir = %self.state.path().display(), error = %e, "could not {what}");
+            what.to_string()
+        })
+    }
+
+    /// The records thread: keeps records in order; one that fails is tried again with
+    /// backoff (1 s doubling to 5 minutes) until it succeeds or a newer record of the same
+    /// kind replaces it, so that a state directory that was briefly unwritable does not
+    /// leave `managed-files.json` stale. Each failure is counted.
+    fn serve(self, records: mpsc::Receiver<Record>, failed: impl Fn(&'static str)) {
+        const FIRST: Duration = Duration::from_secs(1);
+        const MAX: Duration = Duration::from_secs(300);
+        let mut pending: Vec<Record> = Vec::new();
+        let mut delay = FIRST;
+        let mut open = true;
+        while open || !pending.is_empty() {
+            let next = if pending.is_empty() {
+                records
+                    .recv()
+                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+            } else if open {
+                records.recv_timeout(delay)
+            } else {
+                // Stopping: one last try of what is left.
+                Err(mpsc::RecvTimeoutError::Timeout)
+            };
+            match next {
+                Ok(record) => {
+                    // A newer record of a kind that describes the present replaces the old.
+                    if !matches!(record, Record::History(..)) {
+                        pending.retain(|r| r.kind() != record.kind());
+                    }
+                    pending.push(record);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
+            }
+            let retrying = delay > FIRST || !open;
+            let before = pending.len();
+            pending.retain(|record| match self.keep(record) {
+                Ok(()) => false,
+                Err(_) => {
+                    failed(record.kind());
+                    true
+                }
+            });
+            if pending.is_empty() {
+                if retrying && before > 0 {
+                    tracing::info!(state_dir = %self.state.path().display(), "the state directory is writable again; records are up to date");
+                }
+                delay = FIRST;
+            } else if !open {
+                return;
+            } else {
+                // Bounded: a state directory that stays unwritable must not grow memory.
+                let is_history = |r: &Record| matches!(r, Record::History(..));
+                while pending.iter().filter(|r| is_history(r)).count()
+                    > crate::writer::history::KEEP
+                {
+                    let oldest = pending.iter().position(is_history).expect("counted above");
+                    pending.remove(oldest);
+                }
+                delay = (delay * 2).min(MAX);
+            }
         }
     }
 }
@@ -98,8 +173,13 @@ impl Target {
         }
     }
 
-    /// Moves record keeping to a thread of its own. Dropping the target waits for it.
-    pub fn with_background_records(mut self) -> Self {
+    /// Moves record keeping to a thread of its own, which retries failed records;
+    /// `failed` is called with the kind of each record that could not be written.
+    /// Dropping the target waits for the thread.
+    pub fn with_background_records(
+        mut self,
+        failed: impl Fn(&'static str) + Send + 'static,
+    ) -> Self {
         if let Records::Inline(keeper) = std::mem::replace(
             &mut self.records,
             Records::Background {
@@ -110,7 +190,7 @@ impl Target {
             let (queue, records) = mpsc::channel::<Record>();
             let thread = std::thread::Builder::new()
                 .name("records".into())
-                .spawn(move || records.into_iter().for_each(|r| keeper.keep(r)))
+                .spawn(move || keeper.serve(records, failed))
                 .expect("spawn the records thread");
             self.records = Records::Background {
                 queue: Some(queue),
@@ -122,7 +202,9 @@ impl Target {
 
     fn keep(&self, record: Record) {
         match &self.records {
-            Records::Inline(keeper) => keeper.keep(record),
+            Records::Inline(keeper) => {
+                let _ = keeper.keep(&record);
+            }
             Records::Background {
                 queue: Some(queue), ..
             } => {
@@ -185,7 +267,7 @@ impl Target {
     }
 
     /// Makes the file hold `built`, written only if its bytes differ from `current` (what
-    /// the caller just read from it); the replaced bundle
+    /// the caller just read from it), owned by `owner` when given; the replaced bundle
     /// goes to history unless `history` is false (a repair replaces someone else's content,
     /// not a bundle of ours). The caller records the state that goes with it
     /// ([`Target::record`]).
@@ -193,12 +275,13 @@ impl Target {
         &self,
         built: &Built,
         rendered: &[u8],
-        current: Option<&[u8]>,
+        current: &OnDisk,
+        owner: Option<(u32, u32)>,
         now: OffsetDateTime,
         history: bool,
     ) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(rendered).to_hex();
-        let outcome = self.writer.write(rendered, current)?;
+        let outcome = self.writer.write(rendered, current, owner)?;
         let certificates = built.bundle.len();
         let path = self.path().display();
         let applied = match outcome {
@@ -234,10 +317,15 @@ impl Target {
     }
 
     /// Puts back `content` (the adopted bundle) after something else changed the file.
-    pub fn restore(&self, content: &[u8], current: Option<&[u8]>) -> Result<Applied, WriteError> {
+    pub fn restore(
+        &self,
+        content: &[u8],
+        current: &OnDisk,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(content).to_hex();
         let replaced = matches!(
-            self.writer.write(content, current)?,
+            self.writer.write(content, current, owner)?,
             Outcome::Replaced { .. }
         );
         Ok(Applied {

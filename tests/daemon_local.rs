@@ -73,7 +73,7 @@ fn garbage_and_deletion_are_repaired_within_a_second() {
     let took = wait_until(SECOND, || node.holds(&pem));
     eprintln!("deletion repaired in {took:?}");
     agent.wait_listening();
-    assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
+    agent.wait_metric(SECOND, "kubelet_ca_repairs_total{", 2.0);
     assert!(agent.log().contains("repaired the bundle"));
     // Someone else's content is not history: history keeps this agent's bundles.
     let history = node.state_dir().join("history");
@@ -273,6 +273,9 @@ fn while_the_cluster_is_unreachable_the_adopted_bundle_is_what_a_repair_restores
     std::thread::sleep(Duration::from_millis(300));
     fs::write(node.bundle(), "a stale bundle from somewhere else").unwrap();
     wait_until(2 * SECOND, || node.holds(&pem));
+    // The counter follows the rename by a moment: wait for it, then check it stays.
+    agent.wait_metric(SECOND, "kubelet_ca_repairs_total{", 2.0);
+    std::thread::sleep(Duration::from_millis(300));
     assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(2.0));
 }
 
@@ -294,7 +297,7 @@ fn a_changed_mode_is_put_back_without_rewriting_the_file() {
         "the file was rewritten"
     );
     agent.wait_listening();
-    assert_eq!(agent.metric("kubelet_ca_repairs_total{"), Some(1.0));
+    agent.wait_metric(SECOND, "kubelet_ca_repairs_total{", 1.0);
 }
 
 #[test]

@@ -1,16 +1,19 @@
 //! `inspect`: the certificates of a bundle, their validity and the time they have left, as
 //! a table for people or JSON for scripts.
 
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
 
 use serde::Serialize;
 
 use crate::bundle::Certificate;
+use crate::bundle::MAX_SOURCE_BYTES;
 use crate::bundle::parse::scan;
 use crate::cli::{InspectArgs, OutputFormat};
 use crate::commands::{human_span, rfc3339};
 use crate::error::{Exit, UsageError};
+use crate::fsutil::{Links, open_regular, read_bounded};
+use crate::text::escape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -79,7 +82,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
             .map_or("no CERTIFICATE block found".to_string(), Clone::clone);
         return Err(UsageError(format!(
             "{}: holds no certificate: {why}",
-            args.path.display()
+            escape(&args.path.display().to_string())
         ))
         .into());
     }
@@ -114,7 +117,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
         OutputFormat::Table => {
             print!("{}", table(&rows));
             for problem in &problems {
-                eprintln!("problem: {problem}");
+                eprintln!("problem: {}", escape(problem));
             }
         }
     }
@@ -125,14 +128,31 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// The input, read up to the size of the largest source the agent accepts: a bundle larger
+/// than that is not one the agent would write, and `/dev/zero` must not grow forever.
+/// A path must be a regular file (through links); `-` reads standard input.
 fn read_input(path: &Path) -> Result<Vec<u8>, UsageError> {
-    let mut bytes = Vec::new();
-    let result = if path == Path::new("-") {
-        io::stdin().read_to_end(&mut bytes)
+    let shown = path.display().to_string();
+    let name = escape(&shown);
+    let unreadable = |e: io::Error| UsageError(format!("cannot read {name}: {e}"));
+    let bytes = if path == Path::new("-") {
+        read_bounded(io::stdin().lock(), MAX_SOURCE_BYTES).map_err(unreadable)?
     } else {
-        std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes))
+        match open_regular(path, Links::Follow).map_err(unreadable)? {
+            Ok((file, _)) => read_bounded(&file, MAX_SOURCE_BYTES).map_err(unreadable)?,
+            Err(kind) => {
+                return Err(UsageError(format!(
+                    "cannot read {name}: it is {kind}, not a regular file (use - to read standard input)"
+                )));
+            }
+        }
     };
-    result.map_err(|e| UsageError(format!("cannot read {}: {e}", path.display())))?;
+    if bytes.len() > MAX_SOURCE_BYTES {
+        return Err(UsageError(format!(
+            "{name} is larger than {} MiB: not a bundle (the agent accepts at most that much)",
+            MAX_SOURCE_BYTES >> 20
+        )));
+    }
     Ok(bytes)
 }
 
@@ -157,7 +177,7 @@ fn table(rows: &[Row]) -> String {
             [
                 name(&r.subject_cn, &r.subject_o),
                 name(&r.issuer_cn, &r.issuer_o),
-                shorten(&r.serial, 20),
+                shorten(&escape(&r.serial), 20),
                 format!("{}…", &r.sha256[..12]),
                 r.not_before
                     .replace('T', " ")
@@ -197,8 +217,8 @@ fn table(rows: &[Row]) -> String {
 
 fn name(cn: &str, o: &str) -> String {
     match (cn.is_empty(), o.is_empty()) {
-        (false, _) => shorten(cn, 48),
-        (true, false) => shorten(&format!("O={o}"), 48),
+        (false, _) => shorten(&escape(cn), 48),
+        (true, false) => shorten(&escape(&format!("O={o}")), 48),
         (true, true) => "-".to_string(),
     }
 }

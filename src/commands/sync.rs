@@ -14,6 +14,8 @@ use crate::commands::rfc3339;
 use crate::error::{Exit, UsageError};
 use crate::source::{SourceSpec, cluster, local};
 use crate::target::{Target, readable_certificates};
+use crate::text::escape;
+use crate::writer::OnDisk;
 
 pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let common = &args.common;
@@ -23,7 +25,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let sources = read_sources(common)?;
     let on_disk = target.writer().read_current()?;
     let policy = common.policy();
-    let previous = target.remembered(on_disk.as_deref());
+    let previous = target.remembered(on_disk.bytes());
     let built = bundle::build(&sources, &previous, policy, now.unix_timestamp())
         .with_context(|| format!("{} was left as it was", common.bundle.display()))?;
     for certificate in &built.retained {
@@ -32,17 +34,25 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let rendered = built.bundle.render();
 
     if args.dry_run {
-        print_plan(&common.bundle, on_disk.as_deref(), &built.bundle, &rendered);
+        print_plan(&common.bundle, &on_disk, &built.bundle, &rendered);
         return Ok(Exit::Success);
     }
 
     target.prepare();
-    let applied = target.apply(&built, &rendered, on_disk.as_deref(), now, true)?;
+    if let OnDisk::Other(kind) = on_disk {
+        tracing::warn!(bundle = %common.bundle.display(), "the bundle path is {kind}; replacing it with a regular file");
+    }
+    let applied = target.apply(&built, &rendered, &on_disk, None, now, true)?;
     target.record(&built, &applied.sha256);
     if !applied.replaced {
         tracing::info!(bundle = %common.bundle.display(), certificates = built.bundle.len(), sha256 = %applied.sha256, "bundle already in sync");
     } else if let Some(command) = &common.exec_on_change {
-        crate::exec::run(&command.0, &common.bundle);
+        crate::exec::run(
+            &command.0,
+            &common.bundle,
+            common.exec_on_change_timeout,
+            &|| false,
+        );
     }
     Ok(Exit::Success)
 }
@@ -80,36 +90,44 @@ fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> 
     Ok(sources)
 }
 
-fn print_plan(path: &Path, on_disk: Option<&[u8]>, new: &Bundle, rendered: &[u8]) {
-    let old = on_disk.map(readable_certificates).unwrap_or_default();
+fn print_plan(path: &Path, on_disk: &OnDisk, new: &Bundle, rendered: &[u8]) {
+    let old = on_disk
+        .bytes()
+        .map(readable_certificates)
+        .unwrap_or_default();
     let diff = bundle::diff(&old, new.certificates());
     for (sign, verb, certificates) in [("+", "add", &diff.added), ("-", "remove", &diff.removed)] {
         for c in certificates.iter() {
             println!(
                 "{sign} would {verb:<6}  {}  sha256:{}  notAfter {}",
-                c.display_name(),
+                escape(&c.display_name()),
                 c.fingerprint(),
                 rfc3339(c.not_after)
             );
         }
     }
-    let path = path.display();
+    let shown = path.display().to_string();
+    let path = escape(&shown);
     match on_disk {
-        Some(bytes) if bytes == rendered => {
+        OnDisk::Regular { bytes, .. } if bytes == rendered => {
             println!(
                 "{path} is in sync ({} certificates); nothing would change",
                 new.len()
             )
         }
-        None => println!(
+        OnDisk::Missing => println!(
             "{path} does not exist; it would be created with {} certificates",
             new.len()
         ),
-        Some(_) if diff.added.is_empty() && diff.removed.is_empty() => println!(
+        OnDisk::Other(kind) => println!(
+            "{path} is {kind}; it would be replaced by a regular file with {} certificates",
+            new.len()
+        ),
+        OnDisk::Regular { .. } if diff.added.is_empty() && diff.removed.is_empty() => println!(
             "{path} would change: same {} certificates, rewritten in standard form",
             new.len()
         ),
-        Some(_) => println!(
+        OnDisk::Regular { .. } => println!(
             "{path} would change: {} -> {} certificates ({} added, {} removed)",
             old.len(),
             new.len(),

@@ -2,111 +2,452 @@
 //! bundle (drift) and the `file:` and `dir:` sources. Directories are watched, not files,
 //! so that a rename over a file, a delete and re-create, or a projected volume swapping its
 //! `..data` link are all seen.
+//!
+//! A watch can be lost: its directory deleted, moved away, or replaced by a new one. Each
+//! watched directory's parent is watched too, and a watch whose directory went away is
+//! re-established as soon as the path is a directory again (and checked once a minute in
+//! any case); each time, the loop is told to look at everything again, since events may
+//! have been missed meanwhile. Without inotify at all (its limits exhausted), the watcher
+//! says so and retries once a minute; the loop's own once-a-minute re-verification keeps the
+//! file correct meanwhile.
 
-use std::collections::BTreeMap;
-
-use anyhow::Context;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode, EventKind};
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use futures::StreamExt;
+use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::source::SourceSpec;
 use crate::writer::atomic::parent_dir;
 
+/// How often watches are checked against the paths they are for, whatever inotify said,
+/// and a failed inotify start is retried.
+pub const RECHECK_EVERY: Duration = Duration::from_secs(60);
+
 /// Something changed on disk that the loop should look at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FsEvent {
     /// The managed bundle was written, replaced, changed or deleted.
     Bundle,
-    /// A local source (by position in `--source` order) may have changed.
-    Source(usize),
-    /// Events were lost (the inotify queue overflowed): look at everything again.
+    /// A local source (by position in `--source` order) changed. `settled`: the change is
+    /// complete (a file closed after writing, renamed into place, removed); otherwise a
+    /// writer is at work in place and the read should wait for it.
+    Source { index: usize, settled: bool },
+    /// Events may have been lost (queue overflow, a watch re-established): look at
+    /// everything again.
     Rescan,
+    /// `None` when every directory is watched; otherwise what is not, and why.
+    Health(Option<String>),
 }
 
-/// Starts watching; events arrive on `events` until the returned watcher is dropped.
-pub fn watch(
-    bundle: &Path,
-    sources: &[SourceSpec],
-    events: UnboundedSender<FsEvent>,
-) -> anyhow::Result<RecommendedWatcher> {
-    // notify reports absolute paths (it joins a relative watch path to the working
-    // directory), so the paths matched against them must be absolute too.
-    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    let bundle = absolute(bundle);
-    let bundle_dir = parent_dir(&bundle);
-    // For each local source, the directory whose entries concern it.
-    let source_dirs: Vec<(usize, PathBuf)> = sources
-        .iter()
-        .enumerate()
-        .filter_map(|(i, spec)| match spec {
-            SourceSpec::File(path) => Some((i, parent_dir(&absolute(path)))),
-            SourceSpec::Dir(dir) => Some((i, absolute(dir))),
-            _ => None,
-        })
-        .collect();
-    let our_temp_prefix = format!(
-        ".{}.kubelet-ca-agent-tmp.",
-        bundle.file_name().unwrap_or_default().to_string_lossy()
-    );
+/// The directories to watch and what their entries mean.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    bundle: PathBuf,
+    sources: Vec<(usize, SourceWatch)>,
+}
 
-    let handler = {
-        let (bundle, bundle_dir, source_dirs) =
-            (bundle.clone(), bundle_dir.clone(), source_dirs.clone());
-        move |result: notify::Result<notify::Event>| {
-            let event = match result {
-                Ok(event) if !event.need_rescan() => event,
-                _ => {
-                    let _ = events.send(FsEvent::Rescan);
-                    return;
+#[derive(Debug, Clone)]
+enum SourceWatch {
+    File { dir: PathBuf, name: OsString },
+    Dir(PathBuf),
+}
+
+/// A kubelet projected volume swaps its content by renaming this link.
+const PROJECTED_DATA: &str = "..data";
+
+impl Plan {
+    pub fn new(bundle: &Path, sources: &[SourceSpec]) -> Plan {
+        // inotify reports names within watched directories; paths are made absolute so
+        // that the directories and their parents are unambiguous.
+        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let sources = sources
+            .iter()
+            .enumerate()
+            .filter_map(|(i, spec)| match spec {
+                SourceSpec::File(path) => {
+                    let path = absolute(path);
+                    let name = path.file_name().unwrap_or_default().to_os_string();
+                    Some((
+                        i,
+                        SourceWatch::File {
+                            dir: parent_dir(&path),
+                            name,
+                        },
+                    ))
+                }
+                SourceSpec::Dir(dir) => Some((i, SourceWatch::Dir(absolute(dir)))),
+                _ => None,
+            })
+            .collect();
+        Plan {
+            bundle: absolute(bundle),
+            sources,
+        }
+    }
+
+    /// Each directory whose entries matter, with what it is for.
+    pub fn dirs(&self) -> BTreeMap<PathBuf, String> {
+        let mut dirs = BTreeMap::new();
+        dirs.insert(
+            parent_dir(&self.bundle),
+            format!("the directory of the bundle {}", self.bundle.display()),
+        );
+        for (_, watch) in &self.sources {
+            let (dir, what) = match watch {
+                SourceWatch::File { dir, name } => {
+                    (dir, format!("file source {}", dir.join(name).display()))
+                }
+                SourceWatch::Dir(dir) => (dir, format!("dir source {}", dir.display())),
+            };
+            dirs.entry(dir.clone())
+                .or_insert_with(|| format!("the directory of the {what}"));
+        }
+        dirs
+    }
+
+    /// What a change to `name` inside `dir` means.
+    fn classify(&self, dir: &Path, name: &OsStr, settled: bool) -> Vec<FsEvent> {
+        let mut events = Vec::new();
+        if dir == parent_dir(&self.bundle) && Some(name) == self.bundle.file_name() {
+            events.push(FsEvent::Bundle);
+        }
+        for (index, watch) in &self.sources {
+            let concerns = match watch {
+                SourceWatch::File { dir: d, name: n } => {
+                    d == dir && (n == name || name == PROJECTED_DATA)
+                }
+                SourceWatch::Dir(d) => {
+                    let ext = Path::new(name).extension().and_then(OsStr::to_str);
+                    d == dir && (matches!(ext, Some("crt" | "pem")) || name == PROJECTED_DATA)
                 }
             };
-            // Reads (our own included) must not wake the loop, or it would chase itself.
-            if let EventKind::Access(kind) = event.kind
-                && kind != AccessKind::Close(AccessMode::Write)
-            {
-                return;
+            if concerns {
+                events.push(FsEvent::Source {
+                    index: *index,
+                    settled,
+                });
             }
-            for path in &event.paths {
-                let name = path.file_name().unwrap_or_default().to_string_lossy();
-                if name.starts_with(&our_temp_prefix) {
+        }
+        events
+    }
+}
+
+const DIR_MASK: WatchMask = WatchMask::CREATE
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MODIFY)
+    .union(WatchMask::CLOSE_WRITE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::ATTRIB)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::ONLYDIR);
+/// A parent is watched only for its entries appearing and going.
+const PARENT_MASK: WatchMask = WatchMask::CREATE
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::ONLYDIR);
+/// The end of a change: what a reader can act on at once.
+const SETTLED: EventMask = EventMask::CLOSE_WRITE
+    .union(EventMask::MOVED_TO)
+    .union(EventMask::MOVED_FROM)
+    .union(EventMask::DELETE)
+    .union(EventMask::ATTRIB);
+/// The watch itself went away or now watches something else.
+const WATCH_LOST: EventMask = EventMask::DELETE_SELF
+    .union(EventMask::MOVE_SELF)
+    .union(EventMask::IGNORED)
+    .union(EventMask::UNMOUNT);
+
+struct Watched {
+    wd: WatchDescriptor,
+    /// Device and inode of the directory the watch is on.
+    identity: (u64, u64),
+}
+
+struct Watcher {
+    plan: Plan,
+    /// Directories to watch with their masks (a directory that is also a parent gets both).
+    wanted: BTreeMap<PathBuf, WatchMask>,
+    roles: BTreeMap<PathBuf, String>,
+    watched: BTreeMap<PathBuf, Watched>,
+    paths: HashMap<WatchDescriptor, PathBuf>,
+    events: UnboundedSender<FsEvent>,
+    health: Option<Option<String>>,
+}
+
+/// Watches until the receiving end of `events` is dropped.
+pub async fn run(plan: Plan, events: UnboundedSender<FsEvent>) {
+    let roles = plan.dirs();
+    let mut wanted: BTreeMap<PathBuf, WatchMask> = BTreeMap::new();
+    for dir in roles.keys() {
+        *wanted.entry(dir.clone()).or_insert(WatchMask::empty()) |= DIR_MASK;
+        if let Some(parent) = dir.parent() {
+            *wanted
+                .entry(parent.to_path_buf())
+                .or_insert(WatchMask::empty()) |= PARENT_MASK;
+        }
+    }
+    let mut watcher = Watcher {
+        plan,
+        wanted,
+        roles,
+        watched: BTreeMap::new(),
+        paths: HashMap::new(),
+        events,
+        health: None,
+    };
+    loop {
+        let mut stream = match Inotify::init().and_then(|i| i.into_event_stream(vec![0u8; 8192])) {
+            Ok(stream) => stream,
+            Err(e) => {
+                watcher.report(Some(format!(
+                    "{}; running on the once-a-minute re-verification",
+                    init_problem(&e)
+                )));
+                if watcher.events.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(RECHECK_EVERY).await;
+                continue;
+            }
+        };
+        watcher.watched.clear();
+        watcher.paths.clear();
+        watcher.ensure(&mut stream);
+        if watcher.follow(&mut stream).await.is_break() {
+            return;
+        }
+        // The stream failed: start inotify afresh, and look at everything again.
+        let _ = watcher.events.send(FsEvent::Rescan);
+    }
+}
+
+impl Watcher {
+    /// Handles events until the loop goes away (`Break`) or the stream fails (`Continue`).
+    async fn follow(&mut self, stream: &mut EventStream<Vec<u8>>) -> std::ops::ControlFlow<()> {
+        let mut recheck = tokio::time::interval(RECHECK_EVERY);
+        recheck.tick().await;
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = recheck.tick() => {
+                    self.ensure(stream);
+                    if self.events.is_closed() {
+                        return std::ops::ControlFlow::Break(());
+                    }
                     continue;
                 }
-                let dir = parent_dir(path);
-                if path == &bundle
-                    || (dir == bundle_dir
-                        && name == bundle.file_name().unwrap_or_default().to_string_lossy())
-                {
-                    let _ = events.send(FsEvent::Bundle);
+            };
+            let event = match event {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "reading inotify events failed; restarting the file watch");
+                    return std::ops::ControlFlow::Continue(());
                 }
-                for (index, source_dir) in &source_dirs {
-                    if &dir == source_dir {
-                        let _ = events.send(FsEvent::Source(*index));
+                None => return std::ops::ControlFlow::Continue(()),
+            };
+            if event.mask.contains(EventMask::Q_OVERFLOW) {
+                self.send(FsEvent::Rescan);
+                continue;
+            }
+            let Some(dir) = self.paths.get(&event.wd).cloned() else {
+                continue;
+            };
+            if event.mask.intersects(WATCH_LOST) {
+                self.ensure(stream);
+                continue;
+            }
+            let Some(name) = event.name else { continue };
+            let settled = event.mask.intersects(SETTLED);
+            for change in self.plan.classify(&dir, &name, settled) {
+                self.send(change);
+            }
+            // A watched directory appeared, went or was replaced under its parent.
+            if self.roles.contains_key(&dir.join(&name)) {
+                self.ensure(stream);
+            }
+            if self.events.is_closed() {
+                return std::ops::ControlFlow::Break(());
+            }
+        }
+    }
+
+    fn send(&self, event: FsEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Makes each watch point at the directory now at its path; re-established watches
+    /// mean events may have been missed, so the loop looks at everything again.
+    fn ensure(&mut self, stream: &mut EventStream<Vec<u8>>) {
+        let mut problems = Vec::new();
+        let mut renewed = false;
+        for (path, mask) in self.wanted.clone() {
+            let role = self.roles.get(&path).cloned();
+            let identity = std::fs::metadata(&path).and_then(|m| {
+                if m.is_dir() {
+                    Ok((m.dev(), m.ino()))
+                } else {
+                    Err(io::Error::from(io::ErrorKind::NotADirectory))
+                }
+            });
+            let current = self.watched.get(&path).map(|w| w.identity);
+            match identity {
+                Ok(identity) if current == Some(identity) => {}
+                Ok(identity) => {
+                    self.forget(&path, stream);
+                    match stream.watches().add(&path, mask) {
+                        Ok(wd) => {
+                            self.paths.insert(wd.clone(), path.clone());
+                            self.watched.insert(path.clone(), Watched { wd, identity });
+                            renewed = true;
+                        }
+                        Err(e) => problems.push(format!(
+                            "cannot watch {}: {}",
+                            path.display(),
+                            watch_problem(&e)
+                        )),
+                    }
+                }
+                Err(e) => {
+                    if self.forget(&path, stream) {
+                        renewed = true;
+                    }
+                    // A parent that is missing matters only through its child.
+                    if let Some(role) = role {
+                        let why = match e.kind() {
+                            io::ErrorKind::NotFound => "does not exist".to_string(),
+                            io::ErrorKind::NotADirectory => "is not a directory".to_string(),
+                            _ => e.to_string(),
+                        };
+                        problems.push(format!("{} {why} ({role})", path.display()));
                     }
                 }
             }
         }
-    };
-    let mut watcher = notify::recommended_watcher(handler)?;
-    // Each directory once, with what it is for, so that an error can say so.
-    let mut dirs: BTreeMap<PathBuf, String> = BTreeMap::new();
-    dirs.insert(
-        bundle_dir,
-        format!("the directory of the bundle {}", bundle.display()),
-    );
-    for (index, dir) in source_dirs {
-        dirs.entry(dir)
-            .or_insert_with(|| format!("the directory of source {}", sources[index]));
-    }
-    for (dir, role) in dirs {
-        if !dir.is_dir() {
-            anyhow::bail!("{} does not exist ({role})", dir.display());
+        if renewed && self.health.is_some() {
+            tracing::info!(
+                "file watches re-established; looking at the bundle and the sources again"
+            );
+            self.send(FsEvent::Rescan);
         }
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .with_context(|| format!("cannot watch {} ({role})", dir.display()))?;
+        let health = (!problems.is_empty()).then(|| {
+            format!(
+                "{}; changes there are seen by the once-a-minute re-verification",
+                problems.join("; ")
+            )
+        });
+        self.report(health);
     }
-    Ok(watcher)
+
+    /// Drops the watch on `path`, if any. Returns whether there was one.
+    fn forget(&mut self, path: &Path, stream: &mut EventStream<Vec<u8>>) -> bool {
+        match self.watched.remove(path) {
+            Some(old) => {
+                self.paths.remove(&old.wd);
+                // Gone already when its directory was deleted.
+                let _ = stream.watches().remove(old.wd);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn report(&mut self, health: Option<String>) {
+        if self.health.as_ref() != Some(&health) {
+            match &health {
+                Some(problem) => tracing::warn!("file watch degraded: {problem}"),
+                None if self.health.is_some() => tracing::info!("file watch restored"),
+                None => {}
+            }
+            self.health = Some(health.clone());
+            self.send(FsEvent::Health(health));
+        }
+    }
+}
+
+fn sysctl(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Why inotify could not start, with the limit to raise.
+fn init_problem(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(nix::libc::EMFILE) => format!(
+            "cannot start inotify: the per-user limit on inotify instances is reached \
+             (fs.inotify.max_user_instances = {}; raise it, e.g. sysctl -w fs.inotify.max_user_instances=1024) \
+             or the open-file limit is ({e})",
+            sysctl("max_user_instances")
+        ),
+        Some(nix::libc::ENFILE) => {
+            format!("cannot start inotify: the system-wide open-file limit is reached ({e})")
+        }
+        _ => format!("cannot start inotify: {e}"),
+    }
+}
+
+/// Why a directory could not be watched, with the limit to raise.
+fn watch_problem(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(nix::libc::ENOSPC) => format!(
+            "the per-user limit on inotify watches is reached (fs.inotify.max_user_watches = {}; \
+             raise it, e.g. sysctl -w fs.inotify.max_user_watches=524288)",
+            sysctl("max_user_watches")
+        ),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_routed_by_directory_and_name() {
+        let sources: Vec<SourceSpec> = [
+            "file:/srv/ca/signer.crt",
+            "dir:/srv/signers",
+            "configmap:a/b",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let plan = Plan::new(Path::new("/etc/kubernetes/kubelet-ca.crt"), &sources);
+        let at = |dir: &str, name: &str| plan.classify(Path::new(dir), OsStr::new(name), true);
+        assert_eq!(at("/etc/kubernetes", "kubelet-ca.crt"), [FsEvent::Bundle]);
+        assert_eq!(
+            at(
+                "/etc/kubernetes",
+                ".kubelet-ca.crt.kubelet-ca-agent-tmp.1.2"
+            ),
+            []
+        );
+        assert_eq!(at("/etc/kubernetes", "kubeconfig"), []);
+        let file = FsEvent::Source {
+            index: 0,
+            settled: true,
+        };
+        assert_eq!(at("/srv/ca", "signer.crt"), std::slice::from_ref(&file));
+        assert_eq!(at("/srv/ca", "..data"), [file]);
+        assert_eq!(at("/srv/ca", "other.crt"), []);
+        let dir = FsEvent::Source {
+            index: 1,
+            settled: true,
+        };
+        assert_eq!(at("/srv/signers", "new.pem"), std::slice::from_ref(&dir));
+        assert_eq!(at("/srv/signers", "new.crt.tmp"), []);
+        assert_eq!(at("/srv/signers", "..data"), [dir]);
+        assert_eq!(plan.dirs().len(), 3);
+    }
 }

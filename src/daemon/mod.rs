@@ -1,6 +1,11 @@
 //! `run`: the node daemon. One reconciliation loop owns all state; the cluster watches,
 //! the inotify watcher, the HTTP server and the signal handlers talk to it through
 //! channels (the shape of tokio's mini-redis).
+//!
+//! The loop runs on the main thread and does its file I/O there; the HTTP server, the
+//! watches and the signal handling run on the runtime's worker threads. So a file that
+//! stalls a read (a hung mount) cannot stop `/livez` from answering, and answering the
+//! truth: that the loop does not answer.
 
 pub mod files;
 pub mod reconciler;
@@ -24,7 +29,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     check_listen(&args)?;
     // One crypto provider for the whole process: ring, the one kube-rs is built with.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("kubelet-ca-agent-io")
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
@@ -55,17 +62,25 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     );
     let metrics = Arc::new(Metrics::default());
     let (status_tx, status_rx) = watch::channel(Arc::default());
-    let (ping_tx, ping_rx) = mpsc::channel(16);
+    let (liveness, pongs) = server::liveness();
     let (update_tx, update_rx) = mpsc::unbounded_channel();
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
     // Listen first: a port in use is a configuration error, and health answers early.
     let listener = bind(args.server.listen).await?;
     let registry = metrics::registry(metrics.clone(), status_rx.clone(), node.as_deref());
-    let router = server::router(status_rx, registry, ping_tx, args.server.insecure_metrics);
+    let router = server::router(status_rx, registry, liveness, args.server.insecure_metrics);
     tokio::spawn(server::serve(listener, router));
 
-    let _fs_watcher = files::watch(&args.common.bundle, &args.common.sources, fs_tx)?;
+    // A directory that does not exist at start is a configuration error; later, one that
+    // goes away is watched for until it is back.
+    let plan = files::Plan::new(&args.common.bundle, &args.common.sources);
+    for (dir, role) in plan.dirs() {
+        if !dir.is_dir() {
+            return Err(UsageError(format!("{} does not exist ({role})", dir.display())).into());
+        }
+    }
+    tokio::spawn(files::run(plan, fs_tx));
 
     let sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
@@ -100,7 +115,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
         .run(Inputs {
             updates: update_rx,
             files: fs_rx,
-            pings: ping_rx,
+            pongs,
             sigterm,
             sigint,
         })

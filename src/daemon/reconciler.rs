@@ -2,6 +2,10 @@
 //! update, a change on disk, a timer, a signal) updates that state, and each pass then
 //! brings the file in line with the sources, publishing the outcome for health, metrics
 //! and systemd.
+//!
+//! What a pass does to the file is decided by [`decide`], a pure function of what the loop
+//! knows and what is on disk, so that every policy (repair, back off, retry) is tested
+//! without a process, a clock or a disk.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -14,29 +18,41 @@ use tokio::time::sleep_until;
 use super::files::FsEvent;
 use super::status::{SourceStatus, Status};
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
-use crate::cli::{CommonArgs, ExecCommand};
-use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceLabels, SourceReasonLabels};
-use crate::server::Ping;
+use crate::cli::CommonArgs;
+use crate::exec::Hooks;
+use crate::fsutil::{FileKind, Stat};
+use crate::metrics::{
+    FileLabels, FileReasonLabels, Metrics, RecordLabels, SourceLabels, SourceReasonLabels,
+};
+use crate::server::Pongs;
 use crate::source::cluster::{SourceEvent, Update};
 use crate::source::{SourceError, SourceSpec, local};
 use crate::systemd::Notifier;
 use crate::target::Target;
+use crate::writer::OnDisk;
 
-/// How long the inotify events on a local source must pause before the source is read, so
-/// that a file being written in place is read once, complete; and the longest the read
-/// waits for such a pause.
-const SOURCE_SETTLE: Duration = Duration::from_millis(20);
-const SOURCE_SETTLE_MAX: Duration = Duration::from_millis(500);
-/// The same for the managed file: a writer's create+write+close arrive as one change.
+/// A local source being written in place (changed, not yet closed) is read once the writer
+/// closes it; a writer that keeps it open is read after this long without a change, and
+/// no later than the second bound after its first change.
+const WRITE_QUIET: Duration = Duration::from_secs(1);
+const WRITE_QUIET_MAX: Duration = Duration::from_secs(5);
+/// The managed file: a writer's create+write+close arrive as one change.
 const BUNDLE_SETTLE: Duration = Duration::from_millis(5);
+/// The managed file and every local source are looked at again this often, whatever
+/// inotify says (the kubelet's own CA reloader does the same): a missed event costs at
+/// most this much drift.
+pub const VERIFY_EVERY: Duration = Duration::from_secs(60);
+/// A local source that could not be read is read again from 1 s, doubling, up to this.
+const READ_RETRY_FIRST: Duration = Duration::from_secs(1);
+const READ_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Repairs of a file that something keeps changing back: the delay after the n-th repair
 /// in a row is 250 ms * 2^n, capped here (SPEC 6). A lone repair is immediate.
-const REPAIR_BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// Failed writes (disk full, read-only, permissions) are retried from 1 s up to 5 minutes.
-const WRITE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const REPAIR_FIRST: Duration = Duration::from_millis(250);
+const REPAIR_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// A quiet spell this long ends a streak of repairs.
 const REPAIR_STREAK_RESET: Duration = Duration::from_secs(600);
+/// Failed writes (disk full, read-only, permissions) are retried from 1 s up to 5 minutes.
+const WRITE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const WRITE_RETRY_MAX: Duration = Duration::from_secs(300);
 /// Certificate boundaries are re-checked at least this often, in case the clock jumps.
 const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
@@ -48,7 +64,8 @@ type RecordedState = (Fingerprint, Vec<(Fingerprint, Option<i64>)>);
 pub struct Inputs {
     pub updates: mpsc::UnboundedReceiver<Update>,
     pub files: mpsc::UnboundedReceiver<FsEvent>,
-    pub pings: mpsc::Receiver<Ping>,
+    /// Liveness pings from the HTTP server, answered between passes.
+    pub pongs: Pongs,
     /// SIGTERM and SIGINT, registered before the first pass, so that a signal during start
     /// also ends in a clean exit.
     pub sigterm: Signal,
@@ -64,10 +81,12 @@ struct Slot {
     up: bool,
     problem: Option<String>,
     last_change: Option<f64>,
-    /// For a local source: read again at this instant (inotify events settle first).
+    /// For a local source: read again at this instant.
     read_at: Option<Instant>,
-    /// The first of the events that `read_at` waits to settle.
-    settling_since: Option<Instant>,
+    /// The first in-place change that `read_at` waits to see finished.
+    writing_since: Option<Instant>,
+    /// Retries of a local source that could not be read.
+    read_retry: Backoff,
 }
 
 /// The bundle built from the sources, ready to compare with the file.
@@ -77,7 +96,7 @@ struct Desired {
 }
 
 /// A delay that doubles on every use in a row, up to a cap.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Backoff {
     /// Not before this instant.
     until: Option<Instant>,
@@ -87,8 +106,8 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn blocked(&self, now: Instant) -> bool {
-        self.until.is_some_and(|t| now < t)
+    fn blocked(&self, now: Instant) -> Option<Instant> {
+        self.until.filter(|&t| now < t)
     }
 
     /// Records one more use at `now` and sets the next allowed instant.
@@ -107,11 +126,94 @@ impl Backoff {
     }
 }
 
+/// What a pass knows when it decides what to do with the file.
+struct Facts<'a> {
+    /// The bytes the file should hold.
+    goal: &'a [u8],
+    on_disk: &'a OnDisk,
+    /// `--file-mode`, and the owner the file should have (only when running as root).
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    /// The bundle this agent last wrote or adopted.
+    last_written: Option<Fingerprint>,
+    /// The bundle whose last write failed.
+    write_failed: Option<Fingerprint>,
+}
+
+/// What a pass does with the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Action {
+    /// The file holds the goal, with the right mode and owner.
+    InSync,
+    /// The content is right but something else changed the mode or owner: put them back.
+    RepairAttributes,
+    /// Replace the file with the goal. `repair`: the goal has not changed since this agent
+    /// wrote or adopted it, so someone else changed the file.
+    Write { repair: bool },
+    /// A backoff holds the next attempt until then; the file is out of sync meanwhile.
+    Wait {
+        until: Instant,
+        problem: &'static str,
+    },
+}
+
+/// The policy of a pass: repair drift at once but back off from a writer that keeps
+/// fighting, retry a failed write with backoff (a new bundle at once), and never touch a
+/// file that already holds the goal as it should.
+fn decide(facts: &Facts, repair: &Backoff, write_retry: &Backoff, now: Instant) -> Action {
+    let content_ok = facts.on_disk.bytes() == Some(facts.goal);
+    let attributes_ok = facts
+        .on_disk
+        .stat()
+        .is_some_and(|s| s.mode == facts.mode && facts.owner.is_none_or(|o| o == (s.uid, s.gid)));
+    if content_ok && attributes_ok {
+        return Action::InSync;
+    }
+    let goal = Fingerprint::of(facts.goal);
+    let is_repair = content_ok || facts.last_written == Some(goal);
+    if is_repair && let Some(until) = repair.blocked(now) {
+        return Action::Wait {
+            until,
+            problem: "the file was changed by something else; repair is backing off",
+        };
+    }
+    if content_ok {
+        return Action::RepairAttributes;
+    }
+    if facts.write_failed == Some(goal)
+        && let Some(until) = write_retry.blocked(now)
+    {
+        return Action::Wait {
+            until,
+            problem: "the last write failed; retrying with backoff",
+        };
+    }
+    Action::Write { repair: is_repair }
+}
+
+/// The file as a pass saw it, for status.
+enum Seen<'a> {
+    Regular(&'a [u8]),
+    Missing,
+    Other(FileKind),
+    Unreadable(String),
+}
+
+impl<'a> From<&'a OnDisk> for Seen<'a> {
+    fn from(on_disk: &'a OnDisk) -> Self {
+        match on_disk {
+            OnDisk::Regular { bytes, .. } => Seen::Regular(bytes),
+            OnDisk::Missing => Seen::Missing,
+            OnDisk::Other(kind) => Seen::Other(*kind),
+        }
+    }
+}
+
 pub struct Reconciler {
     target: Target,
     slots: Vec<Slot>,
     policy: Policy,
-    exec: Option<ExecCommand>,
+    hooks: Option<Hooks>,
     memory: Vec<Remembered>,
     desired: Option<Desired>,
     /// SHA-256 of the bundle this agent last wrote or found in place and in sync.
@@ -119,6 +221,10 @@ pub struct Reconciler {
     /// The valid bundle found on disk at start: it stands, and drift from it is repaired,
     /// until every source has been read once.
     adopted: Option<Arc<[u8]>>,
+    /// Running as root: the file's owner is kept, and put back when something changes it.
+    is_root: bool,
+    /// The owner the file should have: the adopted file's, or the one last written.
+    owner: Option<(u32, u32)>,
     /// The bundle whose last write failed: only its retries wait for the backoff.
     write_failed: Option<Fingerprint>,
     /// What was last handed to the records (bundle, retention memory), so that an
@@ -132,8 +238,12 @@ pub struct Reconciler {
     write_retry: Backoff,
     /// A pass was put off by a backoff: run one at this instant.
     retry_at: Option<Instant>,
+    /// The next re-verification of the file and the local sources.
+    verify_at: Instant,
     /// The last build failure, so that it is logged and counted once.
     build_problem: Option<String>,
+    /// What inotify does not watch, as the watcher last reported.
+    file_watch: Option<String>,
     metrics: Arc<Metrics>,
     file: FileLabels,
     status: watch::Sender<Arc<Status>>,
@@ -145,6 +255,11 @@ fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// True when `bytes` parse as a bundle holding a certificate valid at `now`.
+fn holds_valid_certificate(bytes: &[u8], now: i64) -> bool {
+    bundle::parse_source(bytes).is_ok_and(|p| p.certificates.iter().any(|c| c.is_valid_at(now)))
 }
 
 impl Reconciler {
@@ -164,18 +279,40 @@ impl Reconciler {
                 problem: Some("not read yet".to_string()),
                 last_change: None,
                 read_at: None,
-                settling_since: None,
+                writing_since: None,
+                read_retry: Backoff::default(),
             })
             .collect();
+        let failures = metrics.clone();
+        let hooks = common.exec_on_change.clone().map(|command| {
+            let failures = metrics.clone();
+            Hooks::start(
+                command.0,
+                common.bundle.clone(),
+                common.exec_on_change_timeout,
+                move || {
+                    failures.exec_on_change_failures.inc();
+                },
+            )
+        });
         Reconciler {
-            target: Target::new(common).with_background_records(),
+            target: Target::new(common).with_background_records(move |record| {
+                failures
+                    .state_errors
+                    .get_or_create(&RecordLabels {
+                        record: record.to_string(),
+                    })
+                    .inc();
+            }),
             slots,
             policy: common.policy(),
-            exec: common.exec_on_change.clone(),
+            hooks,
             memory: Vec::new(),
             desired: None,
             last_written: None,
             adopted: None,
+            is_root: nix::unistd::geteuid().is_root(),
+            owner: None,
             write_failed: None,
             recorded: None,
             pending_since: None,
@@ -183,7 +320,9 @@ impl Reconciler {
             repair: Backoff::default(),
             write_retry: Backoff::default(),
             retry_at: None,
+            verify_at: Instant::now() + VERIFY_EVERY,
             build_problem: None,
+            file_watch: Some("not started yet".to_string()),
             metrics,
             file: FileLabels {
                 filepath: common.bundle.display().to_string(),
@@ -198,17 +337,20 @@ impl Reconciler {
     /// call happens here, so a valid file makes the agent ready at once.
     pub fn start(&mut self) {
         self.target.prepare();
-        let on_disk = self.target.writer().read_current().ok().flatten();
-        self.memory = self.target.remembered(on_disk.as_deref());
+        let on_disk = self
+            .target
+            .writer()
+            .read_current()
+            .unwrap_or(OnDisk::Missing);
+        self.memory = self.target.remembered(on_disk.bytes());
         let now_unix = OffsetDateTime::now_utc().unix_timestamp();
-        let valid = |b: &[u8]| {
-            bundle::parse_source(b)
-                .is_ok_and(|p| p.certificates.iter().any(|c| c.is_valid_at(now_unix)))
-        };
-        if let Some(bytes) = on_disk.filter(|b| valid(b)) {
+        if let OnDisk::Regular { bytes, stat } = on_disk
+            && holds_valid_certificate(&bytes, now_unix)
+        {
             tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
             self.last_written = Some(Fingerprint::of(&bytes));
             self.adopted = Some(bytes.into());
+            self.owner = self.is_root.then_some((stat.uid, stat.gid));
         }
         let now = Instant::now();
         for index in 0..self.slots.len() {
@@ -225,10 +367,10 @@ impl Reconciler {
         let mut next_watchdog = watchdog_every.map(|every| Instant::now() + every);
         let mut updates_open = true;
         loop {
-            let now = Instant::now();
-            let boundary_at = now + self.next_boundary();
+            let boundary_at = Instant::now() + self.next_boundary();
             let deadline = [
                 Some(boundary_at),
+                Some(self.verify_at),
                 self.recheck_at,
                 self.retry_at,
                 next_watchdog,
@@ -238,16 +380,16 @@ impl Reconciler {
             .flatten()
             .min()
             .expect("the boundary is always set");
-            // Only a source update, a settled change on disk, a due retry or a certificate
-            // boundary calls for a pass; a watchdog tick or a ping does not.
+            // Only a source update, a settled change on disk, a due retry, a re-verification
+            // or a certificate boundary calls for a pass; a watchdog tick or a ping does not.
             let mut work = false;
             tokio::select! {
                 update = inputs.updates.recv(), if updates_open => match update {
                     Some(update) => { self.on_update(update); work = true; }
                     None => updates_open = false,
                 },
-                Some(event) = inputs.files.recv() => self.on_file_event(event),
-                Some(ping) = inputs.pings.recv() => { let _ = ping.send(()); continue; }
+                Some(event) = inputs.files.recv() => work |= self.on_file_event(event),
+                Some(()) = inputs.pongs.pings.recv() => { inputs.pongs.answer(); continue; }
                 _ = sleep_until(deadline.into()) => {}
                 _ = inputs.sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
                 _ = inputs.sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
@@ -258,13 +400,22 @@ impl Reconciler {
                 work = true;
             }
             while let Ok(event) = inputs.files.try_recv() {
-                self.on_file_event(event);
+                work |= self.on_file_event(event);
             }
             let now = Instant::now();
+            if self.verify_at <= now {
+                // The safety net: whatever inotify said, look at every local source and
+                // (in the pass below) at the file.
+                self.verify_at = now + VERIFY_EVERY;
+                for slot in self.slots.iter_mut().filter(|s| !s.spec.is_cluster()) {
+                    slot.read_at = Some(now);
+                }
+                work = true;
+            }
             for index in 0..self.slots.len() {
                 if self.slots[index].read_at.is_some_and(|t| t <= now) {
                     self.slots[index].read_at = None;
-                    self.slots[index].settling_since = None;
+                    self.slots[index].writing_since = None;
                     self.read_local(index, now);
                     work = true;
                 }
@@ -275,49 +426,75 @@ impl Reconciler {
                     work = true;
                 }
             }
-            work |= boundary_at <= now;
-            if let (Some(every), Some(at)) = (watchdog_every, next_watchdog)
-                && at <= now
-            {
-                self.notifier.watchdog();
-                next_watchdog = Some(now + every);
-            }
+            // A certificate boundary is a pass: readiness and the file follow validity.
+            work |= now >= boundary_at;
             if work {
                 self.reconcile();
+            }
+            if let (Some(every), Some(at)) = (watchdog_every, next_watchdog)
+                && Instant::now() >= at
+            {
+                self.notifier.watchdog();
+                next_watchdog = Some(Instant::now() + every);
             }
         }
         self.notifier.stopping();
         Ok(())
     }
 
-    fn on_file_event(&mut self, event: FsEvent) {
+    /// Takes a change on disk into account; true when it calls for a pass now.
+    fn on_file_event(&mut self, event: FsEvent) -> bool {
         let at = Instant::now();
         match event {
             FsEvent::Bundle => {
                 self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
             }
             FsEvent::Rescan => {
-                tracing::warn!(
-                    "file events were lost; looking at the bundle and the local sources again"
-                );
+                tracing::info!("looking at the bundle and the local sources again");
                 self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
                 for slot in self.slots.iter_mut().filter(|s| !s.spec.is_cluster()) {
-                    slot.read_at.get_or_insert(at + SOURCE_SETTLE);
+                    slot.read_at = Some(at);
                 }
             }
-            FsEvent::Source(index) => {
-                // Read once the events stop for a moment, but no later than a bound after the
-                // first one, so that a writer that never pauses is still followed.
+            FsEvent::Source {
+                index,
+                settled: true,
+            } => {
+                // Closed after writing, renamed into place or removed: read at once.
+                self.slots[index].read_at = Some(at);
+            }
+            FsEvent::Source {
+                index,
+                settled: false,
+            } => {
+                // A writer at work in place: wait for it to close the file (a settled
+                // event), or to fall quiet, so that a half-written file is never read as
+                // the whole source.
                 let slot = &mut self.slots[index];
-                let first = *slot.settling_since.get_or_insert(at);
-                slot.read_at = Some((at + SOURCE_SETTLE).min(first + SOURCE_SETTLE_MAX));
+                let first = *slot.writing_since.get_or_insert(at);
+                slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
+            }
+            FsEvent::Health(problem) => {
+                self.file_watch = problem;
+                return true;
             }
         }
+        false
     }
 
-    /// Reads a `file:` or `dir:` source now.
+    /// Reads a `file:` or `dir:` source now; a read that failed is retried with backoff.
     fn read_local(&mut self, index: usize, at: Instant) {
-        let event = match local::load(&self.slots[index].spec) {
+        let result = local::load(&self.slots[index].spec);
+        let slot = &mut self.slots[index];
+        match &result {
+            Err(error) if local::retryable(error) => {
+                slot.read_retry
+                    .step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+                slot.read_at = slot.read_retry.until;
+            }
+            _ => slot.read_retry.clear(),
+        }
+        let event = match result {
             Ok(content) => SourceEvent::Content(content),
             Err(error) => SourceEvent::Failed(error),
         };
@@ -393,11 +570,26 @@ impl Reconciler {
     /// backoff says wait. Then publish the state.
     fn reconcile(&mut self) {
         let now = OffsetDateTime::now_utc();
+        let at = Instant::now();
         let on_disk = match self.target.writer().read_current() {
-            Ok(bytes) => bytes,
+            Ok(on_disk) => on_disk,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the bundle file");
-                None
+                // The file cannot be seen: nothing can be compared, written over or
+                // claimed. Look again with backoff.
+                let problem = e.to_string();
+                if self.write_retry.blocked(at).is_none() {
+                    tracing::error!(reason = e.reason(), "{problem}");
+                    self.count_sync_error(e.reason());
+                }
+                self.write_retry
+                    .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+                self.retry_at = self.write_retry.until;
+                self.publish(
+                    Seen::Unreadable(problem.clone()),
+                    Some(false),
+                    Some(problem),
+                );
+                return;
             }
         };
         let all_read = self.slots.iter().all(|s| s.content.is_some());
@@ -406,68 +598,115 @@ impl Reconciler {
                 Some(desired) => desired.rendered.clone(),
                 None => {
                     let problem = self.build_problem.clone();
-                    self.publish(on_disk.as_deref(), Some(false), problem);
+                    self.publish((&on_disk).into(), Some(false), problem);
                     return;
                 }
             }
         } else {
             // Building from some sources only would drop the others' signers. Until each
             // source has been read once, the adopted bundle stands, and is what a repair
-            // restores.
+            // restores, while it still holds a certificate valid now.
             self.desired = None;
             match &self.adopted {
-                Some(adopted) => adopted.clone(),
-                None => {
-                    self.publish(on_disk.as_deref(), None, None);
+                Some(adopted) if holds_valid_certificate(adopted, now.unix_timestamp()) => {
+                    adopted.clone()
+                }
+                _ => {
+                    self.publish((&on_disk).into(), None, None);
                     return;
                 }
             }
         };
         let sha256 = Fingerprint::of(&goal);
-        if on_disk.as_deref() == Some(&goal[..]) {
-            match self.target.writer().repair_mode() {
-                Ok(true) => {
-                    self.metrics.repairs.get_or_create(&self.file).inc();
-                    tracing::warn!(bundle = %self.file.filepath, "repaired the bundle's mode: something else had changed it");
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot check or repair the bundle's mode"),
-            }
-            self.in_sync(sha256);
-            self.publish(on_disk.as_deref(), self.in_sync_state(), None);
-            return;
-        }
-        let at = Instant::now();
-        // The goal has not changed since it was written (or adopted): someone else changed
-        // the file.
-        let repair = self.last_written == Some(sha256);
-        let (waiting_for, problem) = if repair && self.repair.blocked(at) {
-            (
-                self.repair.until,
-                "the file was changed by something else; repair is backing off",
-            )
-        } else if self.write_failed == Some(sha256) && self.write_retry.blocked(at) {
-            (
-                self.write_retry.until,
-                "the last write failed; retrying with backoff",
-            )
-        } else {
-            (None, "")
+        let owner = self.is_root.then(|| {
+            self.owner
+                .unwrap_or_else(|| on_disk.stat().map_or((0, 0), |s| (s.uid, s.gid)))
+        });
+        let facts = Facts {
+            goal: &goal,
+            on_disk: &on_disk,
+            mode: self.target.writer().mode(),
+            owner,
+            last_written: self.last_written,
+            write_failed: self.write_failed,
         };
-        if waiting_for.is_some() {
-            self.retry_at = waiting_for;
-            self.publish(on_disk.as_deref(), Some(false), Some(problem.into()));
-            return;
+        match decide(&facts, &self.repair, &self.write_retry, at) {
+            Action::InSync => {
+                self.in_sync(sha256);
+                self.publish((&on_disk).into(), self.in_sync_state(), None);
+            }
+            Action::Wait { until, problem } => {
+                self.retry_at = Some(until);
+                self.publish((&on_disk).into(), Some(false), Some(problem.into()));
+            }
+            Action::RepairAttributes => {
+                let stat: Stat = *on_disk
+                    .stat()
+                    .expect("the content matched, so a regular file");
+                match self.target.writer().repair_attributes(&stat, owner) {
+                    Ok(true) => {
+                        self.metrics.repairs.get_or_create(&self.file).inc();
+                        self.repair
+                            .step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+                        tracing::warn!(bundle = %self.file.filepath, mode = format!("{:o}", stat.mode), uid = stat.uid, gid = stat.gid, "repaired the bundle's mode or owner: something else had changed it");
+                        self.in_sync(sha256);
+                        self.publish((&on_disk).into(), self.in_sync_state(), None);
+                    }
+                    Ok(false) => {
+                        // Replaced since it was read: the next pass looks at the new file.
+                        self.recheck_at = Some(at + BUNDLE_SETTLE);
+                        self.publish(
+                            (&on_disk).into(),
+                            Some(false),
+                            Some("the file changed while its mode was being repaired".into()),
+                        );
+                    }
+                    Err(e) => {
+                        let problem = format!(
+                            "cannot repair the mode or owner of {}: {e}",
+                            self.file.filepath
+                        );
+                        tracing::error!("{problem}");
+                        self.count_sync_error("attributes");
+                        self.write_retry.step(
+                            at,
+                            WRITE_RETRY_FIRST,
+                            WRITE_RETRY_MAX,
+                            WRITE_RETRY_MAX * 2,
+                        );
+                        self.retry_at = self.write_retry.until;
+                        self.publish((&on_disk).into(), Some(false), Some(problem));
+                    }
+                }
+            }
+            Action::Write { repair } => self.write(goal, on_disk, owner, repair, now, at),
+        }
+    }
+
+    /// Replaces the file with `goal` and records the outcome.
+    fn write(
+        &mut self,
+        goal: Arc<[u8]>,
+        on_disk: OnDisk,
+        owner: Option<(u32, u32)>,
+        repair: bool,
+        now: OffsetDateTime,
+        at: Instant,
+    ) {
+        let sha256 = Fingerprint::of(&goal);
+        if let OnDisk::Other(kind) = &on_disk {
+            tracing::warn!(bundle = %self.file.filepath, "the bundle path is {kind}, not a regular file; replacing it with one (never following a link)");
         }
         let written = match &self.desired {
-            Some(desired) if all_read => self.target.apply(
+            Some(desired) if desired.rendered == goal => self.target.apply(
                 &desired.built,
                 &desired.rendered,
-                on_disk.as_deref(),
+                &on_disk,
+                owner,
                 now,
                 !repair,
             ),
-            _ => self.target.restore(&goal, on_disk.as_deref()),
+            _ => self.target.restore(&goal, &on_disk, owner),
         };
         match written {
             Ok(applied) => {
@@ -483,12 +722,15 @@ impl Reconciler {
                             .sync_duration
                             .observe(since.elapsed().as_secs_f64());
                     }
-                    self.run_exec_on_change();
+                    if let Some(hooks) = &self.hooks {
+                        hooks.changed();
+                    }
                 }
+                self.owner = owner;
                 self.write_failed = None;
                 self.write_retry.clear();
                 self.in_sync(sha256);
-                self.publish(Some(&goal), self.in_sync_state(), None);
+                self.publish(Seen::Regular(&goal), self.in_sync_state(), None);
             }
             Err(e) => {
                 self.count_sync_error(e.reason());
@@ -500,7 +742,7 @@ impl Reconciler {
                     .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
                 self.retry_at = self.write_retry.until;
                 tracing::error!(reason = e.reason(), "{e}");
-                self.publish(on_disk.as_deref(), Some(false), Some(e.to_string()));
+                self.publish((&on_disk).into(), Some(false), Some(e.to_string()));
             }
         }
     }
@@ -545,8 +787,10 @@ impl Reconciler {
     fn in_sync(&mut self, sha256: Fingerprint) {
         self.last_written = Some(sha256);
         self.pending_since = None;
-        self.last_sync = Some(unix_now());
+        // In sync with the sources only once every source has been read: holding the
+        // adopted bundle meanwhile is not a sync.
         if let Some(desired) = &self.desired {
+            self.last_sync = Some(unix_now());
             self.memory = desired.built.memory.clone();
             // Records follow the state they describe, whether or not a write was needed.
             let key = (
@@ -571,18 +815,6 @@ impl Reconciler {
         self.metrics.sync_errors.get_or_create(&labels).inc();
     }
 
-    /// Runs `--exec-on-change` on its own thread: a slow hook must not stall the loop.
-    fn run_exec_on_change(&self) {
-        if let Some(command) = self.exec.clone() {
-            let (metrics, path) = (self.metrics.clone(), self.target.path().to_path_buf());
-            std::thread::spawn(move || {
-                if !crate::exec::run(&command.0, &path) {
-                    metrics.exec_on_change_failures.inc();
-                }
-            });
-        }
-    }
-
     /// Time until the next instant the bundle's validity can change: a certificate's
     /// notBefore or notAfter, or a retained certificate's window ending.
     fn next_boundary(&self) -> Duration {
@@ -592,9 +824,19 @@ impl Reconciler {
             .iter()
             .filter_map(|s| s.content.as_ref())
             .flat_map(|c| c.certificates.iter());
+        let adopted = self
+            .adopted
+            .iter()
+            .filter(|_| self.desired.is_none())
+            .flat_map(|bytes| {
+                bundle::parse_source(bytes)
+                    .map(|p| p.certificates)
+                    .unwrap_or_default()
+            });
         let instants = certificates
             .chain(self.memory.iter().map(|r| &r.certificate))
             .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
+            .chain(adopted.flat_map(|c| [c.not_before, c.not_after.saturating_add(1)]))
             .chain(
                 self.memory
                     .iter()
@@ -607,20 +849,24 @@ impl Reconciler {
     }
 
     /// Publishes the state of the file for health, metrics and systemd.
-    fn publish(
-        &mut self,
-        on_disk: Option<&[u8]>,
-        in_sync: Option<bool>,
-        sync_problem: Option<String>,
-    ) {
+    fn publish(&mut self, seen: Seen, in_sync: Option<bool>, sync_problem: Option<String>) {
         let now = OffsetDateTime::now_utc().unix_timestamp();
-        let (certificates, file_valid, file_problem) = match on_disk {
-            None => (
+        let path = &self.file.filepath;
+        let (certificates, file_valid, file_problem, bytes) = match seen {
+            Seen::Missing => (
                 Vec::new(),
                 false,
-                Some("the file does not exist".to_string()),
+                Some(format!("{path} does not exist")),
+                None,
             ),
-            Some(bytes) => {
+            Seen::Other(kind) => (
+                Vec::new(),
+                false,
+                Some(format!("{path} is {kind}, not a regular file")),
+                None,
+            ),
+            Seen::Unreadable(problem) => (Vec::new(), false, Some(problem), None),
+            Seen::Regular(bytes) => {
                 // When the file holds the bundle just built, its certificates are known.
                 let built = self.desired.as_ref().filter(|d| &d.rendered[..] == bytes);
                 let parsed = match built {
@@ -632,23 +878,21 @@ impl Reconciler {
                         let valid = certificates.iter().any(|c| c.is_valid_at(now));
                         let problem =
                             (!valid).then(|| "no certificate in the file is valid now".to_string());
-                        (certificates, valid, problem)
+                        (certificates, valid, problem, Some(bytes))
                     }
                     Err(rejection) => (
                         Vec::new(),
                         false,
                         Some(format!("the file is not a valid bundle: {rejection}")),
+                        Some(bytes),
                     ),
                 }
             }
         };
-        if in_sync == Some(true) {
-            self.last_sync = Some(unix_now());
-        }
         let status = Status {
             bundle_path: self.file.filepath.clone(),
             certificates,
-            sha256: on_disk.map(|b| Fingerprint::of(b).to_hex()),
+            sha256: bytes.map(|b| Fingerprint::of(b).to_hex()),
             file_valid,
             file_problem,
             in_sync,
@@ -664,6 +908,7 @@ impl Reconciler {
                 })
                 .collect(),
             last_sync: self.last_sync,
+            file_watch: self.file_watch.clone(),
         };
         self.notifier.status(&status.summary());
         self.notifier.ready(status.ready());
@@ -695,7 +940,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn repair_backoff_doubles_to_the_cap_and_resets_after_quiet() {
+    fn repair_backoff_doubles_to_five_minutes_and_resets_after_ten_quiet_minutes() {
         let mut backoff = Backoff::default();
         let start = Instant::now();
         let mut at = start;
@@ -704,13 +949,17 @@ mod tests {
             backoff.step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
             let until = backoff.until.unwrap();
             delays.push(until - at);
-            assert!(backoff.blocked(at));
+            assert_eq!(backoff.blocked(at), Some(until));
+            assert_eq!(backoff.blocked(until), None);
             at = until;
         }
-        assert_eq!(delays[0], Duration::from_millis(250));
-        assert_eq!(delays[1], Duration::from_millis(500));
-        assert_eq!(delays[4], Duration::from_secs(4));
-        assert_eq!(*delays.last().unwrap(), REPAIR_BACKOFF_MAX);
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            delays[..5],
+            [ms(250), ms(500), ms(1000), ms(2000), ms(4000)]
+        );
+        assert_eq!(delays[10], Duration::from_secs(256));
+        assert_eq!(delays[11..], [Duration::from_secs(300); 3]);
         // A fighter at full speed gets a handful of repairs a minute, not a busy loop.
         let in_first_minute = delays
             .iter()
@@ -720,11 +969,202 @@ mod tests {
             })
             .filter(|t| *t <= Duration::from_secs(60))
             .count();
-        assert!(in_first_minute <= 9, "{in_first_minute}");
-        // After a quiet spell the next repair is immediate again and the delay starts over.
-        let later = at + REPAIR_STREAK_RESET;
-        assert!(!backoff.blocked(later));
+        assert_eq!(in_first_minute, 7);
+        // Just under ten quiet minutes after the last repair, the streak goes on; after
+        // them, it starts over.
+        let last = backoff.last.unwrap();
+        let mut still = backoff.clone();
+        still.step(
+            last + Duration::from_secs(599),
+            REPAIR_FIRST,
+            REPAIR_BACKOFF_MAX,
+            REPAIR_STREAK_RESET,
+        );
+        assert_eq!(
+            still.until.unwrap() - (last + Duration::from_secs(599)),
+            Duration::from_secs(300)
+        );
+        let later = last + Duration::from_secs(600);
         backoff.step(later, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
-        assert_eq!(backoff.until.unwrap() - later, REPAIR_FIRST);
+        assert_eq!(backoff.until.unwrap() - later, ms(250));
+    }
+
+    #[test]
+    fn failed_writes_and_read_retries_back_off_to_their_caps() {
+        let mut backoff = Backoff::default();
+        let mut at = Instant::now();
+        let mut last = Duration::ZERO;
+        for _ in 0..12 {
+            backoff.step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+            last = backoff.until.unwrap() - at;
+            at += last;
+        }
+        assert_eq!(last, Duration::from_secs(300));
+        let mut reads = Backoff::default();
+        let at = Instant::now();
+        reads.step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+        assert_eq!(reads.until.unwrap() - at, Duration::from_secs(1));
+        for _ in 0..10 {
+            reads.step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+        }
+        assert_eq!(reads.until.unwrap() - at, Duration::from_secs(60));
+    }
+
+    const GOAL: &[u8] = b"the bundle";
+
+    fn regular(bytes: &[u8], mode: u32, owner: (u32, u32)) -> OnDisk {
+        OnDisk::Regular {
+            bytes: bytes.to_vec(),
+            stat: Stat {
+                dev: 1,
+                ino: 2,
+                mode,
+                uid: owner.0,
+                gid: owner.1,
+            },
+        }
+    }
+
+    fn facts<'a>(
+        on_disk: &'a OnDisk,
+        last_written: Option<&[u8]>,
+        write_failed: Option<&[u8]>,
+    ) -> Facts<'a> {
+        Facts {
+            goal: GOAL,
+            on_disk,
+            mode: 0o644,
+            owner: Some((0, 0)),
+            last_written: last_written.map(Fingerprint::of),
+            write_failed: write_failed.map(Fingerprint::of),
+        }
+    }
+
+    #[test]
+    fn a_file_as_it_should_be_is_left_alone() {
+        let now = Instant::now();
+        let on_disk = regular(GOAL, 0o644, (0, 0));
+        let idle = Backoff::default();
+        assert_eq!(
+            decide(&facts(&on_disk, Some(GOAL), None), &idle, &idle, now),
+            Action::InSync
+        );
+        // Not root: the owner is not ours to check.
+        let theirs = regular(GOAL, 0o644, (1000, 1000));
+        let mut f = facts(&theirs, None, None);
+        f.owner = None;
+        assert_eq!(decide(&f, &idle, &idle, now), Action::InSync);
+    }
+
+    #[test]
+    fn a_new_bundle_is_written_at_once_even_while_repairs_back_off() {
+        let now = Instant::now();
+        let mut repairing = Backoff::default();
+        repairing.step(now, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+        let idle = Backoff::default();
+        let old = regular(b"the old bundle", 0o644, (0, 0));
+        assert_eq!(
+            decide(
+                &facts(&old, Some(b"the old bundle"), None),
+                &repairing,
+                &idle,
+                now
+            ),
+            Action::Write { repair: false }
+        );
+        for missing in [
+            OnDisk::Missing,
+            OnDisk::Other(FileKind::Symlink),
+            OnDisk::Other(FileKind::Fifo),
+        ] {
+            assert_eq!(
+                decide(&facts(&missing, None, None), &idle, &idle, now),
+                Action::Write { repair: false }
+            );
+        }
+    }
+
+    #[test]
+    fn drift_from_the_bundle_written_is_repaired_with_backoff() {
+        let now = Instant::now();
+        let idle = Backoff::default();
+        let tampered = regular(b"garbage", 0o644, (0, 0));
+        assert_eq!(
+            decide(&facts(&tampered, Some(GOAL), None), &idle, &idle, now),
+            Action::Write { repair: true }
+        );
+        let link = OnDisk::Other(FileKind::Symlink);
+        assert_eq!(
+            decide(&facts(&link, Some(GOAL), None), &idle, &idle, now),
+            Action::Write { repair: true }
+        );
+        let mut repairing = Backoff::default();
+        repairing.step(now, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+        let until = repairing.until.unwrap();
+        assert!(matches!(
+            decide(&facts(&tampered, Some(GOAL), None), &repairing, &idle, now),
+            Action::Wait { until: u, .. } if u == until
+        ));
+        assert_eq!(
+            decide(
+                &facts(&tampered, Some(GOAL), None),
+                &repairing,
+                &idle,
+                until
+            ),
+            Action::Write { repair: true }
+        );
+    }
+
+    #[test]
+    fn mode_and_owner_drift_is_repaired_in_place_under_the_same_backoff() {
+        let now = Instant::now();
+        let idle = Backoff::default();
+        for drifted in [
+            regular(GOAL, 0o666, (0, 0)),
+            regular(GOAL, 0o644, (65534, 65534)),
+        ] {
+            assert_eq!(
+                decide(&facts(&drifted, Some(GOAL), None), &idle, &idle, now),
+                Action::RepairAttributes
+            );
+            let mut repairing = Backoff::default();
+            repairing.step(now, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+            assert!(matches!(
+                decide(&facts(&drifted, Some(GOAL), None), &repairing, &idle, now),
+                Action::Wait { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_failed_write_waits_for_its_retry_but_a_different_bundle_does_not() {
+        let now = Instant::now();
+        let idle = Backoff::default();
+        let mut retrying = Backoff::default();
+        retrying.step(now, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+        let old = regular(b"old", 0o644, (0, 0));
+        assert!(matches!(
+            decide(&facts(&old, Some(b"old"), Some(GOAL)), &idle, &retrying, now),
+            Action::Wait { problem, .. } if problem.contains("write failed")
+        ));
+        assert_eq!(
+            decide(
+                &facts(&old, Some(b"old"), Some(b"another bundle")),
+                &idle,
+                &retrying,
+                now
+            ),
+            Action::Write { repair: false }
+        );
+        assert_eq!(
+            decide(
+                &facts(&old, Some(b"old"), Some(GOAL)),
+                &idle,
+                &retrying,
+                retrying.until.unwrap()
+            ),
+            Action::Write { repair: false }
+        );
     }
 }

@@ -22,8 +22,12 @@ pub struct Status {
     /// Why the file is not in sync, when it is not.
     pub sync_problem: Option<String>,
     pub sources: Vec<SourceStatus>,
-    /// Unix seconds of the last pass that ended in sync.
+    /// Unix seconds of the last pass that ended in sync with every source read.
     pub last_sync: Option<f64>,
+    /// `None` when inotify watches every directory the agent cares about; otherwise what
+    /// is not watched and why. Changes there are still seen by the once-a-minute
+    /// re-verification, so this does not fail readiness.
+    pub file_watch: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -66,6 +70,7 @@ impl Status {
                 },
             ),
         ];
+        checks.push(("file-watch".to_string(), self.file_watch.clone()));
         for source in &self.sources {
             checks.push((
                 format!("source:{}", source.spec),

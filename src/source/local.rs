@@ -1,25 +1,29 @@
 //! Local sources: `file:PATH` (one PEM bundle) and `dir:PATH` (every `*.crt` and `*.pem`
-//! directly inside, in name order, as one source).
+//! directly inside, in name order, as one source). Symbolic links are followed (a projected
+//! ConfigMap volume is made of them), but only regular files are ever opened, and no more
+//! than a source may hold is ever read, however large or sparse the files are.
 
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{SourceError, SourceSpec, parse_parts};
 use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates};
+use crate::fsutil::{Links, not_regular, open_regular, read_bounded};
 
 /// Reads and validates a local source. Panics if `spec` is a cluster source.
 pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
     let name = spec.to_string();
     match spec {
         SourceSpec::File(path) => {
-            let bytes = read_limited(&name, path)?;
+            let bytes = read_limited(&name, path, MAX_SOURCE_BYTES)?;
             parse_parts(&name, [(None, bytes.as_slice())])
         }
         SourceSpec::Dir(dir) => {
             let mut files = Vec::new();
+            // The limit applies to the sum: each file is read only up to what is left.
+            let mut left = MAX_SOURCE_BYTES;
             for path in dir_members(&name, dir)? {
-                let bytes = read_limited(&name, &path)?;
+                let bytes = read_limited(&name, &path, left)?;
                 // `cp` over a member truncates it first: an empty member is one being
                 // written, and its signers must not drop out of the bundle meanwhile.
                 if bytes.is_empty() {
@@ -29,6 +33,7 @@ pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
                         problem: format!("{} is empty (being written?)", path.display()),
                     });
                 }
+                left -= bytes.len();
                 files.push((Some(path.display().to_string()), bytes));
             }
             parse_parts(&name, files.iter().map(|(p, b)| (p.clone(), b.as_slice())))
@@ -60,21 +65,21 @@ pub fn dir_members(spec: &str, dir: &Path) -> Result<Vec<PathBuf>, SourceError> 
     Ok(files)
 }
 
-/// Reads a file, but no more than a source may hold: more is a `TooLarge` rejection,
-/// found without reading it all.
-fn read_limited(spec: &str, path: &Path) -> Result<Vec<u8>, SourceError> {
+/// Reads a regular file, but no more than `limit` bytes: more is a `TooLarge` rejection,
+/// found without reading it all. Anything but a regular file is unreadable, by name.
+fn read_limited(spec: &str, path: &Path, limit: usize) -> Result<Vec<u8>, SourceError> {
     let unreadable = |error| SourceError::Unreadable {
         spec: spec.to_string(),
         path: path.to_path_buf(),
         error,
     };
-    let file = fs::File::open(path).map_err(unreadable)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_SOURCE_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(unreadable)?;
-    if bytes.len() > MAX_SOURCE_BYTES {
-        let size = fs::metadata(path).map_or(bytes.len(), |m| m.len() as usize);
+    let (file, metadata) = match open_regular(path, Links::Follow).map_err(unreadable)? {
+        Ok(opened) => opened,
+        Err(kind) => return Err(unreadable(not_regular(path, kind))),
+    };
+    let bytes = read_bounded(&file, limit).map_err(unreadable)?;
+    if bytes.len() > limit {
+        let size = MAX_SOURCE_BYTES - limit + (metadata.len() as usize).max(bytes.len());
         return Err(SourceError::Rejected {
             spec: spec.to_string(),
             part: Some(path.display().to_string()),
@@ -85,4 +90,10 @@ fn read_limited(spec: &str, path: &Path) -> Result<Vec<u8>, SourceError> {
         });
     }
     Ok(bytes)
+}
+
+/// Whether a failed read is worth retrying on a timer: an I/O problem can pass by itself
+/// (a permission restored, descriptors freed, a mount back); bad content waits for a change.
+pub fn retryable(error: &SourceError) -> bool {
+    matches!(error, SourceError::Unreadable { .. })
 }

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use xattr::FileExt;
 
+use crate::fsutil::{Links, open_regular};
+
 /// The extended attribute holding a file's SELinux label.
 pub const SELINUX_XATTR: &str = "security.selinux";
 
@@ -97,12 +99,15 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
             continue;
         }
         let path = entry.path();
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc_flags())
-            .open(&path)
-        else {
-            continue;
+        // Only regular files are ours: a FIFO or a link with a temp-like name is left alone
+        // and never opened (a FIFO would block the open).
+        let file = match open_regular(&path, Links::NoFollow) {
+            Ok(Ok((file, _))) => file,
+            Ok(Err(kind)) => {
+                tracing::warn!(path = %path.display(), "not removing {kind} named like a temporary file of this agent");
+                continue;
+            }
+            Err(_) => continue,
         };
         if file.try_lock().is_err() {
             continue;

@@ -5,12 +5,15 @@
 pub mod atomic;
 pub mod history;
 
-use std::fs::{self, File};
-use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use xattr::FileExt;
+
 use crate::bundle::MAX_SOURCE_BYTES;
+use crate::fsutil::{FileKind, Links, Stat, open_regular, read_bounded};
 pub use atomic::{Attributes, ReplaceError};
 pub use history::History;
 
@@ -48,6 +51,37 @@ impl WriteError {
     }
 }
 
+/// What is at the managed path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnDisk {
+    Missing,
+    /// A regular file: its bytes (read up to a bound: a larger file differs from every
+    /// bundle anyway) and attributes.
+    Regular {
+        bytes: Vec<u8>,
+        stat: Stat,
+    },
+    /// Something else (a symbolic link, a FIFO, a directory, ...): never opened or followed.
+    Other(FileKind),
+}
+
+impl OnDisk {
+    /// The file's bytes, when it is a regular file.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            OnDisk::Regular { bytes, .. } => Some(bytes),
+            _ => None,
+        }
+    }
+
+    pub fn stat(&self) -> Option<&Stat> {
+        match self {
+            OnDisk::Regular { stat, .. } => Some(stat),
+            _ => None,
+        }
+    }
+}
+
 pub struct BundleWriter {
     path: PathBuf,
     mode: u32,
@@ -62,47 +96,81 @@ impl BundleWriter {
         &self.path
     }
 
-    /// The file's current bytes, `None` if it does not exist. A file larger than any valid
-    /// bundle is read only up to that size: it differs from every bundle anyway.
-    pub fn read_current(&self) -> Result<Option<Vec<u8>>, WriteError> {
-        let read = || -> io::Result<Vec<u8>> {
-            let mut bytes = Vec::new();
-            File::open(&self.path)?
-                .take(MAX_SOURCE_BYTES as u64 * 4)
-                .read_to_end(&mut bytes)?;
-            Ok(bytes)
-        };
-        match read() {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(WriteError::Read {
-                path: self.path.clone(),
-                error,
-            }),
-        }
+    /// The mode the file should have (`--file-mode`).
+    pub fn mode(&self) -> u32 {
+        self.mode
     }
 
-    /// Puts the file's mode back to `--file-mode` if something changed it. Returns whether
-    /// it did. The content is not touched, so the inode and consumers' watches stay.
-    pub fn repair_mode(&self) -> io::Result<bool> {
-        use std::os::unix::fs::PermissionsExt;
-        let metadata = fs::metadata(&self.path)?;
-        if metadata.permissions().mode() & 0o7777 == self.mode {
+    /// Looks at the managed path without following a link or opening anything but a
+    /// regular file: a FIFO moved over the bundle must not hang the agent.
+    pub fn read_current(&self) -> Result<OnDisk, WriteError> {
+        let read_error = |error| WriteError::Read {
+            path: self.path.clone(),
+            error,
+        };
+        let (file, metadata) = match open_regular(&self.path, Links::NoFollow) {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(kind)) => return Ok(OnDisk::Other(kind)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OnDisk::Missing),
+            Err(e) => return Err(read_error(e)),
+        };
+        let bytes = read_bounded(&file, MAX_SOURCE_BYTES * 4).map_err(read_error)?;
+        Ok(OnDisk::Regular {
+            bytes,
+            stat: Stat::from(&metadata),
+        })
+    }
+
+    /// Puts the file's mode back to `--file-mode`, and its owner back to `owner` when one
+    /// is given, if something else changed them; `expected` is the file as last read, so
+    /// that a file swapped since is left for the next pass. Returns whether anything was
+    /// repaired. The content is not touched: the inode and consumers' watches stay. Done
+    /// through a descriptor opened without following links, never through a path.
+    pub fn repair_attributes(
+        &self,
+        expected: &Stat,
+        owner: Option<(u32, u32)>,
+    ) -> io::Result<bool> {
+        let wrong_mode = expected.mode != self.mode;
+        let wrong_owner = owner.filter(|&o| o != (expected.uid, expected.gid));
+        if !wrong_mode && wrong_owner.is_none() {
             return Ok(false);
         }
-        fs::set_permissions(&self.path, fs::Permissions::from_mode(self.mode))?;
+        let (file, metadata) = match open_regular(&self.path, Links::NoFollow)? {
+            Ok(opened) => opened,
+            Err(_) => return Ok(false),
+        };
+        let now = Stat::from(&metadata);
+        if (now.dev, now.ino) != (expected.dev, expected.ino) {
+            return Ok(false);
+        }
+        if let Some((uid, gid)) = wrong_owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
+        if wrong_mode || wrong_owner.is_some() {
+            // chown clears set-id bits and some systems the mode with them: set it after.
+            file.set_permissions(fs::Permissions::from_mode(self.mode))?;
+        }
         Ok(true)
     }
 
-    /// Makes the file hold `content`, given what it holds now (`current`, from
+    /// Makes the path hold `content`, given what is there now (`current`, from
     /// [`BundleWriter::read_current`], read by the caller anyway): nothing happens when it
-    /// already holds `content`; otherwise the file is replaced atomically.
-    pub fn write(&self, content: &[u8], current: Option<&[u8]>) -> Result<Outcome, WriteError> {
-        if current == Some(content) {
+    /// already holds `content`; otherwise the path is replaced atomically (a link or a
+    /// FIFO at the path is replaced itself, never followed). `owner` is the owner to give
+    /// the new file when running as root; `None` keeps the replaced regular file's owner,
+    /// or root:root.
+    pub fn write(
+        &self,
+        content: &[u8],
+        current: &OnDisk,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Outcome, WriteError> {
+        if current.bytes() == Some(content) {
             return Ok(Outcome::Unchanged);
         }
-        let previous = current.map(<[u8]>::to_vec);
-        let attributes = self.attributes_for_replacement(previous.is_some());
+        let previous = current.bytes().map(<[u8]>::to_vec);
+        let attributes = self.attributes_for_replacement(current, owner);
         atomic::replace(&self.path, content, &attributes).map_err(|cause| WriteError::Replace {
             path: self.path.clone(),
             cause,
@@ -110,16 +178,25 @@ impl BundleWriter {
         Ok(Outcome::Replaced { previous })
     }
 
-    /// Mode from `--file-mode`; as root, the replaced file's owner (root:root for a new
-    /// file); the replaced file's SELinux label where it has one.
-    fn attributes_for_replacement(&self, exists: bool) -> Attributes {
-        let metadata = exists.then(|| fs::metadata(&self.path).ok()).flatten();
+    /// Mode from `--file-mode`; as root, `owner`, else the replaced regular file's owner,
+    /// else root:root; the replaced regular file's SELinux label where it has one. Nothing
+    /// is read through a link: a link's target is not the file being replaced.
+    fn attributes_for_replacement(
+        &self,
+        current: &OnDisk,
+        owner: Option<(u32, u32)>,
+    ) -> Attributes {
         let owner = nix::unistd::geteuid()
             .is_root()
-            .then(|| metadata.as_ref().map_or((0, 0), |m| (m.uid(), m.gid())));
-        let selinux_label = exists
-            .then(|| xattr::get(&self.path, atomic::SELINUX_XATTR).ok().flatten())
-            .flatten();
+            .then(|| owner.unwrap_or_else(|| current.stat().map_or((0, 0), |s| (s.uid, s.gid))));
+        let selinux_label = match current {
+            OnDisk::Regular { stat, .. } => open_regular(&self.path, Links::NoFollow)
+                .ok()
+                .and_then(Result::ok)
+                .filter(|(_, m)| (m.dev(), m.ino()) == (stat.dev, stat.ino))
+                .and_then(|(file, _)| file.get_xattr(atomic::SELINUX_XATTR).ok().flatten()),
+            _ => None,
+        };
         Attributes {
             mode: self.mode,
             owner,
