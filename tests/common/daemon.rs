@@ -38,10 +38,30 @@ impl Agent {
         extra: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> Agent {
+        Agent::start_wrapped(node, sources, extra, &[], adjust)
+    }
+
+    /// Like [`Agent::start_with`], run through `wrapper` (a program and its arguments that
+    /// exec the agent in the same process, e.g. `setpriv ... --`), so that the agent's
+    /// pid is the child's.
+    pub fn start_wrapped(
+        node: &Node,
+        sources: &[&str],
+        extra: &[&str],
+        wrapper: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Agent {
         fs::create_dir_all(node.bundle_dir()).unwrap();
         let port = free_port();
         let log = node.root().join(format!("agent-{port}.log"));
-        let mut cmd = Command::new(agent_bin());
+        let mut cmd = match wrapper {
+            [] => Command::new(agent_bin()),
+            [program, args @ ..] => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(agent_bin());
+                cmd
+            }
+        };
         // Bundle and state dir through the environment, so that a test can still pass
         // --bundle itself (the command line wins).
         cmd.arg("run")
@@ -105,6 +125,17 @@ impl Agent {
     /// Waits until the HTTP endpoint answers.
     pub fn wait_listening(&self) {
         wait_until(Duration::from_secs(10), || self.get("/livez").is_some());
+    }
+
+    /// Peak resident memory of the agent so far, in bytes (VmHWM).
+    pub fn peak_rss(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/<pid>/status");
+        kb * 1024
     }
 
     pub fn log(&self) -> String {

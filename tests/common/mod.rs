@@ -55,9 +55,11 @@ impl Node {
         format!("file:{}", path.display())
     }
 
-    /// The bundle exists and holds exactly `content`.
+    /// The bundle is a regular file and holds exactly `content`. (A FIFO at the path
+    /// must not hang the test any more than the agent.)
     pub fn holds(&self, content: impl AsRef<[u8]>) -> bool {
-        fs::read(self.bundle()).is_ok_and(|b| b == content.as_ref())
+        fs::symlink_metadata(self.bundle()).is_ok_and(|m| m.is_file())
+            && fs::read(self.bundle()).is_ok_and(|b| b == content.as_ref())
     }
 
     pub fn read_bundle(&self) -> Vec<u8> {
