@@ -19,8 +19,13 @@
 //! - an update that changes nothing is a no-op: no new resourceVersion, no event;
 //! - a watch from a too-old resourceVersion gets HTTP 200 and one ERROR event (410 Expired), while
 //!   a list at a too-old exact resourceVersion gets HTTP 410;
-//! - BOOKMARKs go only to watches with `allowWatchBookmarks=true`, and only once the
-//!   resourceVersion has moved past what the watch has seen;
+//! - BOOKMARKs go only to watches with `allowWatchBookmarks=true`, every bookmark interval (a
+//!   minute upstream) once the resourceVersion has moved past the one the watch started from,
+//!   and from then on even if it has not moved since the last bookmark (cacheWatcher.process
+//!   compares with the start): a heartbeat, but not on a watch that started at the current
+//!   resourceVersion of a quiet resource;
+//! - without RBAC rules set, the fixture user may do anything; with `restrict_to` a list or
+//!   watch with fieldSelector `metadata.name=X` is authorized as a request for X, as upstream;
 //! - no bearer token means user system:anonymous, which gets 403 (not 401) outside /version and
 //!   the health checks; a wrong token gets 401.
 #![allow(dead_code)]
@@ -432,9 +437,9 @@ impl ApiServer {
 
     /// How often watches that asked for `allowWatchBookmarks=true` get a BOOKMARK (kube-apiserver:
     /// about every minute, and 2 s before the watch's timeout). As on the real server a bookmark
-    /// is only sent when the resourceVersion moved past what the watch has already seen (changes
-    /// to objects the watch does not select move it too). Default 1 s. Takes effect on each
-    /// watch's next scheduled bookmark.
+    /// is only sent once the resourceVersion moved past the one the watch started from (changes
+    /// to objects the watch does not select move it too); from then on every interval, whether
+    /// or not it moved again. Default 1 s. Takes effect on each watch's next scheduled bookmark.
     pub fn set_bookmark_interval(&self, every: Duration) {
         self.shared.store().bookmark_interval = every.max(Duration::from_millis(10));
     }
