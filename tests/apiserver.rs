@@ -755,7 +755,10 @@ async fn rbac_by_resource_names_covers_a_list_or_watch_selecting_the_name() {
     );
     let other: Api<ConfigMap> = Api::namespaced(client_from(server.kubeconfig()).await, "default");
     let message = forbidden(other.get("x").await.unwrap_err());
-    assert!(message.contains("in the namespace \"default\""), "{message}");
+    assert!(
+        message.contains("in the namespace \"default\""),
+        "{message}"
+    );
 }
 
 #[tokio::test]

@@ -390,7 +390,7 @@ async fn follow<K>(
     let watch_params = WatchParams::default()
         .fields(&selector(object))
         .timeout(WATCH_TIMEOUT_SECONDS);
-    let mut backoff = DefaultBackoff::default();
+    let mut backoff = retry_backoff();
     // The object as last seen; None when it does not exist.
     let mut current: Option<K> = None;
     // Whether a failure was reported since the source was last known good.
@@ -518,3 +518,40 @@ impl<K> Failure<K> {
 
 /// The cap of [`DefaultBackoff`], should it ever end.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// The delays between failed attempts: kube-runtime's watcher backoff, 0.8 s doubling to a cap
+/// of 30 s, each with random jitter (SPEC 6), and reset after two quiet minutes.
+fn retry_backoff() -> DefaultBackoff {
+    DefaultBackoff::default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_spread_by_jitter_so_nodes_do_not_come_back_in_step() {
+        let firsts: Vec<Duration> = (0..50).map(|_| retry_backoff().next().unwrap()).collect();
+        for delay in &firsts {
+            assert!(
+                (Duration::from_millis(800)..=Duration::from_millis(1600)).contains(delay),
+                "{delay:?}"
+            );
+        }
+        let distinct: std::collections::BTreeSet<_> = firsts.iter().collect();
+        assert!(distinct.len() > 10, "no jitter: {firsts:?}");
+        let mut backoff = retry_backoff();
+        let late = backoff.nth(20).unwrap();
+        assert!(late <= 2 * BACKOFF_MAX, "{late:?}");
+    }
+
+    #[test]
+    fn text_from_a_proxy_becomes_one_short_printable_line() {
+        let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n\x1b[31m</html>";
+        assert_eq!(
+            printable(page),
+            "<html> <head><title>502 Bad Gateway</title></head> [31m</html>"
+        );
+        assert_eq!(printable(&"x".repeat(1000)).len(), 303);
+    }
+}
