@@ -6,7 +6,7 @@ mod apiserver;
 
 use std::time::Duration;
 
-use apiserver::ApiServer;
+use apiserver::{ApiServer, Fault, HangMode, Rule, Target};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
@@ -563,4 +563,226 @@ async fn streaming_lists_follow_the_watch_list_feature_gate() {
         first.param("resourceVersionMatch").as_deref(),
         Some("NotOlderThan")
     );
+}
+
+/// A client without kube-rs's own retries of 429, 503 and 504, so that every answer shows.
+async fn client_without_retries(server: &ApiServer) -> kube::Client {
+    let kubeconfig = Kubeconfig::read_from(server.kubeconfig()).expect("read kubeconfig");
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kube config");
+    config.default_retry = false;
+    kube::Client::try_from(config).expect("kube client")
+}
+
+#[tokio::test]
+async fn a_hung_server_holds_what_it_covers_until_released() {
+    let server = ApiServer::start();
+    server.set_bookmark_interval(Duration::from_millis(100));
+    let rv = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let api = configmaps(&server).await;
+    let lp = ListParams::default().fields("metadata.name=x");
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+    let mut open = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+
+    server.hang(HangMode::Lists);
+    let held = tokio::spawn({
+        let api = api.clone();
+        let lp = lp.clone();
+        async move { api.list(&lp).await }
+    });
+    until("the held list to arrive", || {
+        lists(&server, CM_PATH).len() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!held.is_finished(), "a hung server answers no list");
+    // Watches still flow: a change reaches the open watch.
+    server.put_configmap(NS, "x", &[("ca.crt", "two")], &[]);
+    assert!(matches!(
+        next(&mut open).await.unwrap(),
+        WatchEvent::Modified(_)
+    ));
+
+    server.hang(HangMode::Watches);
+    server.put_configmap(NS, "unrelated", &[("k", "v")], &[]);
+    let quiet = tokio::time::timeout(Duration::from_millis(800), open.next()).await;
+    assert!(
+        quiet.is_err(),
+        "an open watch is silent while hung: {quiet:?}"
+    );
+    let new_watch = tokio::time::timeout(Duration::from_millis(800), api.watch(&wp, "0")).await;
+    assert!(new_watch.is_err(), "a new watch gets no answer while hung");
+    assert_eq!(
+        held.await.unwrap().unwrap().items.len(),
+        1,
+        "released by a new mode"
+    );
+
+    server.unhang();
+    assert!(matches!(
+        next(&mut open).await.unwrap(),
+        WatchEvent::Bookmark(_)
+    ));
+    assert!(api.list(&lp).await.is_ok());
+}
+
+#[tokio::test]
+async fn faults_hit_their_target_and_are_not_always_status_json() {
+    let server = ApiServer::start();
+    let rv = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let api: Api<ConfigMap> = Api::namespaced(client_without_retries(&server).await, NS);
+    let lp = ListParams::default().fields("metadata.name=x");
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+
+    // A fault aimed at watches lets lists through, and the other way round.
+    server.fail_next_on(Target::Watch, 1, Fault::Status(500));
+    assert!(api.list(&lp).await.is_ok());
+    let err = api.watch(&wp, &rv.to_string()).await.err().expect("a 500");
+    assert_eq!(api_code(&err), (500, "InternalError".into()));
+    server.fail_next_on(Target::List, 1, Fault::Status(403));
+    assert!(api.watch(&wp, &rv.to_string()).await.is_ok());
+    assert_eq!(api_code(&api.list(&lp).await.unwrap_err()).0, 403);
+
+    // A load balancer's HTML page and a proxy's empty 503: kube-rs keeps the body as the message.
+    server.fail_next_on(Target::List, 1, Fault::BadGatewayHtml);
+    match api.list(&lp).await.unwrap_err() {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 502);
+            assert!(status.message.contains("<title>502 Bad Gateway</title>"));
+        }
+        other => panic!("expected a 502, got {other:?}"),
+    }
+    server.fail_next_on(Target::Any, 1, Fault::EmptyUnavailable);
+    match api.list(&lp).await.unwrap_err() {
+        kube::Error::Api(status) => assert_eq!((status.code, status.message.as_str()), (503, "")),
+        other => panic!("expected a 503, got {other:?}"),
+    }
+    // A list cut in the middle of its JSON.
+    server.fail_next_on(Target::List, 1, Fault::CutMidJson);
+    let err = api.list(&lp).await.unwrap_err();
+    assert!(!matches!(err, kube::Error::Api(_)), "{err:?}");
+
+    // An ERROR event with a code other than 410, in a new watch and in an open one.
+    server.fail_next_on(Target::Watch, 1, Fault::ErrorEvent(500));
+    let mut w = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    match next(&mut w).await.unwrap() {
+        WatchEvent::Error(status) => assert_eq!(status.code, 500),
+        other => panic!("expected an ERROR event, got {other:?}"),
+    }
+    assert!(
+        w.next().await.is_none(),
+        "the stream ends after the ERROR event"
+    );
+    let mut w = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    until("the watch", || server.open_watches() == 1).await;
+    server.break_watches(Fault::ErrorEvent(500));
+    match next(&mut w).await.unwrap() {
+        WatchEvent::Error(status) => assert_eq!(status.code, 500),
+        other => panic!("expected an ERROR event, got {other:?}"),
+    }
+    // A watch cut mid-event: kube-rs takes the unexpected EOF for the end of the watch.
+    let mut w = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    until("the watch", || server.open_watches() == 1).await;
+    server.break_watches(Fault::CutMidJson);
+    let end = tokio::time::timeout(WAIT, w.next())
+        .await
+        .expect("the cut ends the stream");
+    assert!(end.is_none(), "{end:?}");
+}
+
+#[tokio::test]
+async fn rbac_by_resource_names_covers_a_list_or_watch_selecting_the_name() {
+    let server = ApiServer::start();
+    let rv = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    server.put_configmap(NS, "y", &[("ca.crt", "two")], &[]);
+    server.restrict_to(vec![Rule::new(
+        &["get", "list", "watch"],
+        "",
+        "configmaps",
+        Some(NS),
+        &["x"],
+    )]);
+    let api = configmaps(&server).await;
+    let named = |n: &str| format!("metadata.name={n}");
+
+    assert_eq!(
+        api.list(&ListParams::default().fields(&named("x")))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    let wp = WatchParams::default().fields(&named("x")).timeout(1);
+    assert!(api.watch(&wp, &rv.to_string()).await.is_ok());
+    assert!(api.get("x").await.is_ok());
+
+    let forbidden = |err: kube::Error| match err {
+        kube::Error::Api(status) => {
+            assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
+            status.message
+        }
+        other => panic!("expected 403, got {other:?}"),
+    };
+    let user = "User \"system:node:fixture-node\"";
+    let scope = "in API group \"\" in the namespace \"openshift-config\"";
+    assert_eq!(
+        forbidden(api.list(&ListParams::default()).await.unwrap_err()),
+        format!("configmaps is forbidden: {user} cannot list resource \"configmaps\" {scope}")
+    );
+    assert_eq!(
+        forbidden(
+            api.list(&ListParams::default().fields(&named("y")))
+                .await
+                .unwrap_err()
+        ),
+        format!(
+            "configmaps \"y\" is forbidden: {user} cannot list resource \"configmaps\" {scope}"
+        )
+    );
+    let wp = WatchParams::default().fields(&named("y"));
+    assert_eq!(
+        forbidden(api.watch(&wp, "0").await.err().unwrap()),
+        format!(
+            "configmaps \"y\" is forbidden: {user} cannot watch resource \"configmaps\" {scope}"
+        )
+    );
+    assert_eq!(
+        forbidden(api.get("y").await.unwrap_err()),
+        format!("configmaps \"y\" is forbidden: {user} cannot get resource \"configmaps\" {scope}")
+    );
+    let other: Api<ConfigMap> = Api::namespaced(client_from(server.kubeconfig()).await, "default");
+    let message = forbidden(other.get("x").await.unwrap_err());
+    assert!(
+        message.contains("in the namespace \"default\""),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn bookmarks_keep_coming_once_the_resource_version_moved_past_the_start() {
+    let server = ApiServer::start();
+    server.set_bookmark_interval(Duration::from_millis(200));
+    let start = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let api = configmaps(&server).await;
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+    let mut w = api.watch(&wp, &start.to_string()).await.unwrap().boxed();
+
+    // A watch that starts at the current resourceVersion of a quiet resource hears nothing.
+    let quiet = tokio::time::timeout(Duration::from_millis(700), w.next()).await;
+    assert!(
+        quiet.is_err(),
+        "no bookmark before the resourceVersion moves: {quiet:?}"
+    );
+    // Once it moved, a bookmark every interval, even with no further change.
+    let moved = server.put_configmap(NS, "unrelated", &[("k", "v")], &[]);
+    for _ in 0..3 {
+        match next(&mut w).await.unwrap() {
+            WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, moved.to_string()),
+            other => panic!("expected a bookmark, got {other:?}"),
+        }
+    }
+    assert_eq!(server.last_rv_delivered(), Some(moved));
 }

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use base64::Engine;
-use common::apiserver::ApiServer;
+use common::apiserver::{ApiServer, Fault, HangMode, Rule, Target};
 use common::daemon::{Agent, wait_until};
 use common::pki::{self, Algorithm, Signer};
 use common::{Node, fingerprint_file, stderr};
@@ -360,4 +360,304 @@ fn a_source_is_up_again_when_its_watch_recovers_without_a_change() {
         verbose.contains(&format!("[+]source:{SPEC} ok")),
         "{verbose}"
     );
+}
+
+/// Runs `cmd` to completion, killing it after `limit`: (output, how long it ran), or None if it
+/// had to be killed.
+fn run_for_at_most(
+    mut cmd: std::process::Command,
+    limit: Duration,
+) -> (Option<std::process::Output>, Duration) {
+    use std::process::Stdio;
+    let started = std::time::Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run agent");
+    while started.elapsed() < limit {
+        if child.try_wait().unwrap().is_some() {
+            return (Some(child.wait_with_output().unwrap()), started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (None, started.elapsed())
+}
+
+#[test]
+fn sync_gives_up_on_an_api_server_that_takes_the_request_and_never_answers() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    std::fs::create_dir_all(node.bundle_dir()).unwrap();
+    std::fs::write(node.bundle(), &pem).unwrap();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pem)], &[]);
+    api.hang(HangMode::All);
+
+    let mut cmd = node.command("sync");
+    cmd.args(["--source", SPEC, "--kubeconfig"])
+        .arg(api.kubeconfig());
+    let (out, took) = run_for_at_most(cmd, 90 * SECOND);
+    let out =
+        out.unwrap_or_else(|| panic!("sync still waiting on a hung API server after {took:?}"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < 40 * SECOND, "sync took {took:?}");
+    assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+    assert!(err.contains(&api.url()), "the line names the server: {err}");
+    assert!(err.contains("did not answer"), "{err}");
+    assert_eq!(node.read_bundle(), pem.as_bytes(), "nothing was written");
+    assert_eq!(api.requests().iter().filter(|r| r.is_list()).count(), 1);
+}
+
+/// The one slow test: a watch that goes silent is only known dead after two minutes.
+#[test]
+fn a_hung_api_server_is_reported_within_two_minutes_and_the_agent_recovers() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+    agent.wait_listening();
+    // Something else in the cluster moves the resourceVersion: bookmarks flow, as on a real
+    // cluster.
+    api.put_configmap("default", "unrelated", &[("x", "1")], &[]);
+    wait_until(10 * SECOND, || api.open_watches() == 1);
+    let before = fingerprint_file(&node.bundle());
+
+    api.hang(HangMode::All);
+    let hung = std::time::Instant::now();
+    // A change the agent cannot hear of while the server is hung.
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    agent.wait_metric(150 * SECOND, "kubelet_ca_source_up{", 0.0);
+    eprintln!(
+        "the hung API server was reported after {:?}",
+        hung.elapsed()
+    );
+    assert_eq!(
+        fingerprint_file(&node.bundle()),
+        before,
+        "the file changed while the API server was hung"
+    );
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200, "a valid file keeps the agent ready: {verbose}");
+    let line = verbose
+        .lines()
+        .find(|l| l.contains(&format!("source:{SPEC}")))
+        .unwrap_or_else(|| panic!("no check for the source: {verbose}"));
+    assert!(line.starts_with("[-]"), "{verbose}");
+    assert!(line.contains("sent nothing"), "a clear reason: {line}");
+
+    api.unhang();
+    wait_until(60 * SECOND, || node.holds(b.pem()));
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 1.0);
+}
+
+#[test]
+fn the_agent_needs_only_get_list_watch_on_its_objects_by_name() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    let cc = "machine-config-controller";
+    api.restrict_to(vec![
+        Rule::new(
+            &["get", "list", "watch"],
+            "",
+            "configmaps",
+            Some(NS),
+            &[NAME],
+        ),
+        Rule::new(
+            &["get", "list", "watch"],
+            "machineconfiguration.openshift.io",
+            "controllerconfigs",
+            None,
+            &[cc],
+        ),
+    ]);
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    api.put_controllerconfig(cc, &b64(&b.pem()));
+    let agent = start(&node, &api, &[SPEC, &format!("controllerconfig:{cc}")]);
+    wait_until(10 * SECOND, || node.holds(a.pem() + &b.pem()));
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    wait_until(5 * SECOND, || node.holds(b.pem()));
+    agent.wait_listening();
+    let (_, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert!(!verbose.contains("[-]source"), "{verbose}");
+    assert!(!agent.log().contains("forbidden"), "{}", agent.log());
+
+    // The same rules for another name: what the agent asks for is forbidden, and it says so.
+    let other = Node::new();
+    let agent = start(
+        &other,
+        &api,
+        &["configmap:openshift-config-managed/another-name"],
+    );
+    agent.wait_listening();
+    wait_until(10 * SECOND, || agent.log().contains("forbidden"));
+    assert!(
+        agent.log().contains(
+            "configmaps \"another-name\" is forbidden: User \"system:node:fixture-node\" cannot list resource \"configmaps\""
+        ),
+        "{}",
+        agent.log()
+    );
+}
+
+/// Reads the readyz line of the source.
+fn source_check(agent: &Agent) -> String {
+    let (_, verbose) = agent.get("/readyz?verbose").unwrap_or_default();
+    verbose
+        .lines()
+        .find(|l| l.contains(&format!("source:{SPEC}")))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn errors_that_are_not_status_json_cost_nothing_but_delay() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let pems: Vec<String> = (0..5)
+        .map(|i| Signer::new(&format!("gen-{i}"), Algorithm::P256).pem())
+        .collect();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pems[0])], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || node.holds(&pems[0]));
+    agent.wait_listening();
+    wait_until(10 * SECOND, || api.open_watches() == 1);
+
+    // (fault, what the health page must say while it lasts)
+    let faults = [
+        (
+            Fault::BadGatewayHtml,
+            "HTTP 502 with a body that is not a Kubernetes Status",
+        ),
+        (Fault::EmptyUnavailable, "HTTP 503 with an empty body"),
+        (Fault::ErrorEvent(500), "HTTP 500 InternalError"),
+    ];
+    for (i, (fault, says)) in faults.into_iter().enumerate() {
+        let before = fingerprint_file(&node.bundle());
+        let restarts = agent
+            .metric("kubelet_ca_watch_restarts_total{")
+            .unwrap_or(0.0);
+        match fault {
+            // Inside the open watch.
+            Fault::ErrorEvent(_) => api.break_watches(fault),
+            // On the next two attempts to watch again.
+            _ => {
+                api.fail_next_on(Target::Watch, 2, fault);
+                api.close_watches();
+            }
+        }
+        wait_until(10 * SECOND, || {
+            agent
+                .metric("kubelet_ca_watch_restarts_total{")
+                .is_some_and(|v| v > restarts)
+        });
+        let check = source_check(&agent);
+        assert!(
+            check.starts_with("[-]") && check.contains(says),
+            "{fault:?}: {check}"
+        );
+        assert!(!check.contains('\r'), "{check:?}");
+        assert_eq!(fingerprint_file(&node.bundle()), before, "{fault:?}");
+        let (code, _) = agent.get("/readyz").unwrap();
+        assert_eq!(code, 200, "{fault:?}: a valid file keeps the agent ready");
+
+        // It converges once the server answers well again.
+        let next = &pems[i + 1];
+        api.put_configmap(NS, NAME, &[("ca-bundle.crt", next)], &[]);
+        wait_until(20 * SECOND, || node.holds(next));
+        agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 1.0);
+    }
+
+    // A watch cut in the middle of an event: kube-rs takes an unexpected EOF for a watch that
+    // ended, and it did, so the agent resumes from the last resourceVersion, without a list.
+    let lists = api.requests().iter().filter(|r| r.is_list()).count();
+    let watches = api.requests().iter().filter(|r| r.watch).count();
+    let delivered = api.last_rv_delivered().unwrap();
+    api.break_watches(Fault::CutMidJson);
+    wait_until(10 * SECOND, || {
+        api.requests().iter().filter(|r| r.watch).count() > watches
+    });
+    let resumed = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.watch)
+        .nth(watches)
+        .unwrap();
+    assert_eq!(
+        resumed.param("resourceVersion"),
+        Some(delivered.to_string())
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pems[4])], &[]);
+    wait_until(5 * SECOND, || node.holds(&pems[4]));
+    assert_eq!(api.requests().iter().filter(|r| r.is_list()).count(), lists);
+    agent.wait_metric(SECOND, "kubelet_ca_source_up{", 1.0);
+}
+
+#[test]
+fn steady_state_over_a_longer_idle_window_with_a_watch_error_in_the_middle() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &pem)], &[]);
+    let agent = start(&node, &api, &[SPEC]);
+    wait_until(10 * SECOND, || node.holds(&pem));
+    agent.wait_listening();
+    // Unrelated writes move the resourceVersion: bookmarks flow.
+    api.put_configmap("default", "unrelated", &[("x", "1")], &[]);
+
+    std::thread::sleep(7 * SECOND);
+    let delivered = api.last_rv_delivered().expect("bookmarks were sent");
+    api.break_watches(Fault::ErrorEvent(500));
+    wait_until(10 * SECOND, || {
+        agent
+            .metric("kubelet_ca_watch_restarts_total{")
+            .is_some_and(|v| v == 1.0)
+    });
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 1.0);
+    std::thread::sleep(8 * SECOND);
+
+    let requests = api.requests();
+    let lists: Vec<_> = requests.iter().filter(|r| r.is_list()).collect();
+    let watches: Vec<_> = requests.iter().filter(|r| r.watch).collect();
+    assert_eq!(
+        lists.len(),
+        1,
+        "one list at start; none while idle, none to recover from a watch error: {requests:#?}"
+    );
+    assert_eq!(
+        watches.len(),
+        2,
+        "one watch, and one to resume it after the error: {requests:#?}"
+    );
+    assert_eq!(
+        watches[1].param("resourceVersion"),
+        Some(delivered.to_string()),
+        "the resumed watch starts from the last resourceVersion seen"
+    );
+    let selector = format!("metadata.name={NAME}");
+    for r in lists.iter().chain(&watches) {
+        assert_eq!(
+            r.param("fieldSelector").as_deref(),
+            Some(selector.as_str()),
+            "{r:?}"
+        );
+    }
+    for w in &watches {
+        assert_eq!(w.param("allowWatchBookmarks").as_deref(), Some("true"));
+    }
+    assert_eq!(api.open_watches(), 1);
+    assert_eq!(agent.metric("kubelet_ca_writes_total{"), Some(1.0));
 }

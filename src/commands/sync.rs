@@ -57,7 +57,9 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Success)
 }
 
-/// Every source, in order; the first that cannot be used ends the run.
+/// Every source, in order; the first that cannot be used ends the run. Each cluster read has
+/// a deadline ([`cluster::REQUEST_DEADLINE`]): an API server that takes the request and never
+/// answers ends the run with exit 1 and a line naming it, not a hang.
 fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> {
     let runtime = if common.sources.iter().any(SourceSpec::is_cluster) {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -69,18 +71,33 @@ fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> 
     } else {
         None
     };
-    let client = match &runtime {
+    let cluster = match &runtime {
         Some(rt) => {
-            let client = rt.block_on(cluster::client(common.kubeconfig.as_deref()));
-            Some(client.map_err(|e| UsageError(format!("{e:#}")))?)
+            let config = rt
+                .block_on(cluster::config(common.kubeconfig.as_deref()))
+                .map_err(|e| UsageError(format!("{e:#}")))?;
+            let server = config.cluster_url.to_string();
+            // Building the client spawns its request buffer onto the runtime.
+            let _inside = rt.enter();
+            let client = cluster::client_for(config).map_err(|e| UsageError(format!("{e:#}")))?;
+            Some((client, server))
         }
         None => None,
     };
     let mut sources = Vec::with_capacity(common.sources.len());
     for spec in &common.sources {
-        let parsed = match (&runtime, &client) {
-            (Some(rt), Some(client)) if spec.is_cluster() => {
-                rt.block_on(cluster::read_once(client, spec))?
+        let parsed = match (&runtime, &cluster) {
+            (Some(rt), Some((client, server))) if spec.is_cluster() => {
+                match rt.block_on(cluster::read_once(client, spec)) {
+                    Ok(parsed) => parsed,
+                    Err(error) if error.reason() == "no_answer" => anyhow::bail!(
+                        "source {spec}: the API server {} did not answer within {}s (it took the request and sent nothing); {} was left as it was",
+                        server.trim_end_matches('/'),
+                        cluster::REQUEST_DEADLINE.as_secs(),
+                        common.bundle.display()
+                    ),
+                    Err(error) => return Err(error.into()),
+                }
             }
             _ => local::load(spec)?,
         };

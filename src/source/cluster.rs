@@ -2,22 +2,30 @@
 //! `binaryData`) and a ControllerConfig's `spec.kubeAPIServerServingCAData` (base64).
 //!
 //! Each source has one long-lived watch on the single named object (field selector
-//! `metadata.name`, so RBAC by resourceNames is enough). kube-runtime's watcher does the
-//! lifecycle SPEC 6 asks for: list once, then watch with bookmarks, resume from the last
-//! resourceVersion after a disconnect, list again after `410 Gone`, and back off with
-//! jitter (up to 30 s) between failures. In steady state it makes no list.
+//! `metadata.name`, so RBAC by resourceNames is enough): list once, then watch with bookmarks,
+//! resume from the last resourceVersion after a disconnect, list again after `410 Gone`, and
+//! back off with jitter (up to 30 s) between failures. In steady state it makes no list.
+//!
+//! The loop is written here rather than taken from kube-runtime's `watcher` because the
+//! watcher hides what tells a live watch from a dead one: it swallows bookmarks and the
+//! clean end of a watch, and waits without limit on a request the server took and never
+//! answered. Here every request has a deadline and an open watch that stays silent (no event,
+//! no bookmark, no end) for [`WATCH_SILENCE`] is taken for dead and reported.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::core::Status;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::DefaultBackoff;
 use kube::{Client, Config};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -37,11 +45,30 @@ fn controllerconfig_resource() -> ApiResource {
     }
 }
 
-/// A client from `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`, else
-/// `~/.kube/config`.
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
+/// How long a list, or the start of a watch, may go unanswered before the API server counts as
+/// not answering. A single object by field selector comes back in milliseconds, and
+/// kube-apiserver answers a request it cannot finish within its own 60 s limit with a 504, so
+/// this only trips on a server (or a proxy) that took the request and went silent.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(25);
+
+/// How long an open watch may stay silent (no event, no bookmark, no end) before it is taken
+/// for dead. kube-apiserver sends a bookmark about once a minute (the cacher's bookmark
+/// frequency) once the resourceVersion has moved past the watch's start, and ends every watch
+/// at its `timeoutSeconds` ([`WATCH_TIMEOUT_SECONDS`], shorter than this) whatever happens, so
+/// a server that says nothing for this long is hung, or the connection to it is dead.
+pub const WATCH_SILENCE: Duration = Duration::from_secs(120);
+
+/// The `timeoutSeconds` of each watch. Under [`WATCH_SILENCE`] so that a watch on a quiet
+/// resource, which gets no bookmark (the server sends none until the resourceVersion moves
+/// past the one the watch started from), still ends, and is resumed, before it could be
+/// taken for dead. Resuming costs one watch request served from the watch cache; never a list.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 100;
+
+/// The client configuration from `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`,
+/// else `~/.kube/config`.
+pub async fn config(kubeconfig: Option<&Path>) -> anyhow::Result<Config> {
     use anyhow::Context;
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
@@ -56,7 +83,23 @@ pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
                 .context("no in-cluster config, and no usable kubeconfig in $KUBECONFIG or ~/.kube/config (or pass --kubeconfig)")?,
         },
     };
+    // No hidden retries inside the client: kube-rs would retry a 429, 503 or 504 up to 15
+    // times over minutes, during which the source would look up. The watch loop has its own
+    // backoff with jitter, reports each failure, and `sync` fails fast.
+    config.default_retry = false;
+    Ok(config)
+}
+
+/// A client for `config`.
+pub fn client_for(config: Config) -> anyhow::Result<Client> {
+    use anyhow::Context;
     Client::try_from(config).context("cannot build a Kubernetes client")
+}
+
+/// A client from `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`, else
+/// `~/.kube/config`.
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
+    client_for(config(kubeconfig).await?)
 }
 
 /// One update from a source, for the reconciliation loop.
@@ -149,37 +192,91 @@ pub fn controllerconfig_bundle(spec: &str, object: &DynamicObject) -> Result<Vec
 }
 
 fn cluster_error(spec: &str, error: &kube::Error) -> SourceError {
-    let reason = match error {
-        kube::Error::Api(status) => match status.code {
-            401 => "unauthorized",
-            403 => "forbidden",
-            404 => "not_found",
-            410 => "expired",
-            _ => "api_error",
+    match error {
+        kube::Error::Api(status) => status_error(spec, status),
+        other => SourceError::Cluster {
+            spec: spec.to_string(),
+            reason: "unreachable",
+            error: printable(&other.to_string()),
         },
-        _ => "unreachable",
+    }
+}
+
+/// An error answer: a metav1 Status, or what kube-rs made of a body that was not one (an HTML
+/// page or an empty body from a proxy or load balancer).
+fn status_error(spec: &str, status: &Status) -> SourceError {
+    let reason = match status.code {
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        410 => "expired",
+        _ => "api_error",
+    };
+    let code = status.code;
+    let error = if status.reason == "Failed to parse error data" {
+        // kube-rs puts the raw body in the message when it is not a Status.
+        match printable(&status.message) {
+            body if body.is_empty() => format!(
+                "HTTP {code} with an empty body, not a Kubernetes Status (a proxy or load balancer between here and the API server?)"
+            ),
+            body => format!(
+                "HTTP {code} with a body that is not a Kubernetes Status (a proxy or load balancer between here and the API server?): {body}"
+            ),
+        }
+    } else {
+        format!(
+            "HTTP {code} {}: {}",
+            printable(&status.reason),
+            printable(&status.message)
+        )
     };
     SourceError::Cluster {
         spec: spec.to_string(),
         reason,
-        error: error.to_string(),
+        error,
     }
 }
 
-fn watch_error(spec: &str, error: &watcher::Error) -> SourceError {
-    match error {
-        watcher::Error::InitialListFailed(e)
-        | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => cluster_error(spec, e),
-        other => SourceError::Cluster {
+/// Text from the API server or a proxy, made safe for one log line or a health page: control
+/// characters and runs of whitespace become one space, and it is cut at 300 characters.
+fn printable(text: &str) -> String {
+    const MAX: usize = 300;
+    let mut out = String::new();
+    for word in text.split(|c: char| c.is_whitespace() || c.is_control()) {
+        if word.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    match out.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &out[..cut]),
+        None => out,
+    }
+}
+
+/// `request`, unless it takes longer than [`REQUEST_DEADLINE`].
+async fn within<T>(
+    spec: &str,
+    what: &str,
+    request: impl Future<Output = kube::Result<T>>,
+) -> Result<T, SourceError> {
+    match tokio::time::timeout(REQUEST_DEADLINE, request).await {
+        Ok(answer) => answer.map_err(|e| cluster_error(spec, &e)),
+        Err(_) => Err(SourceError::Cluster {
             spec: spec.to_string(),
-            reason: "watch_error",
-            error: other.to_string(),
-        },
+            reason: "no_answer",
+            error: format!(
+                "the API server took the {what} request and sent no answer within {}s (hung, or a proxy in the way is)",
+                REQUEST_DEADLINE.as_secs()
+            ),
+        }),
     }
 }
 
-/// Reads a cluster source once (for `sync`): one list of the named object.
+/// Reads a cluster source once (for `sync`): one list of the named object, with a deadline.
 pub async fn read_once(
     client: &Client,
     spec: &SourceSpec,
@@ -205,17 +302,18 @@ pub async fn read_once(
     }
 }
 
+fn selector(object: &str) -> String {
+    format!("metadata.name={object}")
+}
+
 /// The object named `object`, by a list with a field selector: the same request, and so the
 /// same RBAC, as the watch.
 async fn list_one<K>(api: Api<K>, object: &str, spec: &str) -> Result<K, SourceError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let params = ListParams::default().fields(&format!("metadata.name={object}"));
-    let list = api
-        .list(&params)
-        .await
-        .map_err(|e| cluster_error(spec, &e))?;
+    let params = ListParams::default().fields(&selector(object));
+    let list = within(spec, "list", api.list(&params)).await?;
     list.items.into_iter().next().ok_or(SourceError::NotFound {
         spec: spec.to_string(),
     })
@@ -258,13 +356,27 @@ pub async fn watch(
     }
 }
 
+/// Where the watch of one object stands.
+enum Phase<K> {
+    /// Nothing known yet, or the resourceVersion expired (`410 Gone`): list the object.
+    List,
+    /// Open a watch from `rv`: the list's, or the last event's or bookmark's.
+    Watch { rv: String },
+    /// Reading an open watch, which has brought the object to `rv`.
+    Watching {
+        rv: String,
+        events: BoxStream<'static, kube::Result<WatchEvent<K>>>,
+    },
+}
+
 /// The watch loop shared by both kinds of object.
 ///
-/// kube-runtime resumes a failed watch silently: when the object did not change meanwhile,
-/// nothing tells us the source is back. So after an error this loop probes with one list
-/// of the object (backing off while that fails too): if the object is the version last
-/// seen, its content is sent again, which marks the source up if it is valid; if it changed
-/// or is gone, the resumed watch says so itself. There is no probe in steady state.
+/// Every failure is sent as a [`SourceEvent::WatchRestart`] (the source is down, its last
+/// good content stays) and followed by a backoff with jitter: kube-runtime's
+/// [`DefaultBackoff`], 0.8 s doubling to 30 s, so that thousands of nodes that lost the API
+/// server together do not come back in step. A watch that opens again after a failure sends
+/// the object as last seen again: a resumed watch brings no event when nothing changed, and
+/// this is what tells the reconciler that the source is back.
 async fn follow<K>(
     api: Api<K>,
     object: &str,
@@ -274,81 +386,172 @@ async fn follow<K>(
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let config = watcher::Config::default().fields(&format!("metadata.name={object}"));
-    let mut events = watcher(api.clone(), config).default_backoff().boxed();
-    // Whether the current (re)list found the object: a list without it means it is gone.
-    let mut listed = false;
-    // The resourceVersion of the object as last seen (None once it is gone).
-    let mut seen: Option<String> = None;
-    // While recovering from an error: when to probe next, and the delay after that.
-    let mut probe: Option<(tokio::time::Instant, Duration)> = None;
-    let result = |k: &K| match content(k) {
-        Ok(certificates) => SourceEvent::Content(certificates),
-        Err(error) => SourceEvent::Failed(error),
+    let list_params = ListParams::default().fields(&selector(object));
+    let watch_params = WatchParams::default()
+        .fields(&selector(object))
+        .timeout(WATCH_TIMEOUT_SECONDS);
+    let mut backoff = retry_backoff();
+    // The object as last seen; None when it does not exist.
+    let mut current: Option<K> = None;
+    // Whether a failure was reported since the source was last known good.
+    let mut down = false;
+    let state = |k: &Option<K>| match k {
+        Some(k) => match content(k) {
+            Ok(certificates) => SourceEvent::Content(certificates),
+            Err(error) => SourceEvent::Failed(error),
+        },
+        None => SourceEvent::Failed(SourceError::NotFound {
+            spec: spec.to_string(),
+        }),
     };
+    let mut phase = Phase::List;
     loop {
-        let probe_due = async {
-            match probe {
-                Some((at, _)) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        let event = tokio::select! {
-            event = events.next() => event,
-            () = probe_due => {
-                probe = match list_one(api.clone(), object, spec).await {
-                    // The version last seen: its result again (valid content marks the
-                    // source up and changes nothing; rejected content keeps it down).
-                    Ok(k) if seen.is_some() && k.meta().resource_version == seen => {
-                        send(result(&k));
-                        None
+        let failure = match phase {
+            Phase::List => match within(spec, "list", api.list(&list_params)).await {
+                Ok(list) => match list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
+                    Some(rv) => {
+                        backoff.reset();
+                        down = false;
+                        current = list.items.into_iter().next();
+                        send(state(&current));
+                        phase = Phase::Watch { rv };
+                        continue;
                     }
-                    Ok(_) | Err(SourceError::NotFound { .. }) => None,
-                    Err(_) => probe.map(|(_, delay)| {
-                        let next = (delay * 2).min(PROBE_BACKOFF_MAX);
-                        (tokio::time::Instant::now() + delay, next)
-                    }),
-                };
-                continue;
+                    None => Failure::then(
+                        Phase::List,
+                        SourceError::Cluster {
+                            spec: spec.to_string(),
+                            reason: "api_error",
+                            error: "the list came without a resourceVersion to watch from".into(),
+                        },
+                    ),
+                },
+                Err(error) => Failure::then(Phase::List, error),
+            },
+            Phase::Watch { rv } => match within(spec, "watch", api.watch(&watch_params, &rv)).await
+            {
+                Ok(events) => {
+                    if std::mem::take(&mut down) {
+                        send(state(&current));
+                    }
+                    phase = Phase::Watching {
+                        rv,
+                        events: events.boxed(),
+                    };
+                    continue;
+                }
+                Err(error) => Failure::then(Phase::Watch { rv }, error),
+            },
+            Phase::Watching { rv, mut events } => {
+                match tokio::time::timeout(WATCH_SILENCE, events.next()).await {
+                    Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
+                        backoff.reset();
+                        let rv = k.meta().resource_version.clone().unwrap_or(rv);
+                        current = Some(k);
+                        send(state(&current));
+                        phase = Phase::Watching { rv, events };
+                        continue;
+                    }
+                    Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
+                        backoff.reset();
+                        let rv = k.meta().resource_version.clone().unwrap_or(rv);
+                        current = None;
+                        send(state(&current));
+                        phase = Phase::Watching { rv, events };
+                        continue;
+                    }
+                    Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
+                        backoff.reset();
+                        let rv = bookmark.metadata.resource_version;
+                        phase = Phase::Watching { rv, events };
+                        continue;
+                    }
+                    // The server ended the watch (its timeout, or a connection that closed
+                    // between events): resume from where it was.
+                    Ok(None) => {
+                        phase = Phase::Watch { rv };
+                        continue;
+                    }
+                    // The resourceVersion is older than the server keeps: list again.
+                    Ok(Some(Ok(WatchEvent::Error(status)))) if status.code == 410 => {
+                        Failure::then(Phase::List, status_error(spec, &status))
+                    }
+                    Ok(Some(Ok(WatchEvent::Error(status)))) => {
+                        Failure::then(Phase::Watch { rv }, status_error(spec, &status))
+                    }
+                    Ok(Some(Err(error))) => {
+                        Failure::then(Phase::Watch { rv }, cluster_error(spec, &error))
+                    }
+                    Err(_silent) => Failure::then(
+                        Phase::Watch { rv },
+                        SourceError::Cluster {
+                            spec: spec.to_string(),
+                            reason: "watch_silent",
+                            error: format!(
+                                "the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
+                                WATCH_SILENCE.as_secs()
+                            ),
+                        },
+                    ),
+                }
             }
         };
-        let Some(event) = event else { break };
-        if event.is_ok() {
-            probe = None;
-        }
-        match event {
-            Ok(Event::Init) => listed = false,
-            Ok(Event::InitApply(k)) => {
-                listed = true;
-                seen = k.meta().resource_version.clone();
-                send(result(&k));
-            }
-            Ok(Event::InitDone) if !listed => {
-                seen = None;
-                send(SourceEvent::Failed(SourceError::NotFound {
-                    spec: spec.to_string(),
-                }));
-            }
-            Ok(Event::InitDone) => {}
-            Ok(Event::Apply(k)) => {
-                seen = k.meta().resource_version.clone();
-                send(result(&k));
-            }
-            Ok(Event::Delete(_)) => {
-                seen = None;
-                send(SourceEvent::Failed(SourceError::NotFound {
-                    spec: spec.to_string(),
-                }));
-            }
-            Err(e) => {
-                send(SourceEvent::WatchRestart(watch_error(spec, &e)));
-                probe.get_or_insert((tokio::time::Instant::now() + PROBE_FIRST, PROBE_FIRST * 2));
-            }
-        }
+        send(SourceEvent::WatchRestart(failure.error));
+        down = true;
+        let delay = backoff.next().unwrap_or(BACKOFF_MAX);
+        tokio::time::sleep(delay).await;
+        phase = failure.next;
     }
 }
 
-/// After a watch error, the first probe waits this long (the watcher's own first backoff
-/// is 0.8 to 1.6 s), then the delay doubles up to the watcher's cap.
-const PROBE_FIRST: Duration = Duration::from_secs(2);
-const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A failed step of [`follow`]: what went wrong, and where to go on after the backoff.
+struct Failure<K> {
+    next: Phase<K>,
+    error: SourceError,
+}
+
+impl<K> Failure<K> {
+    fn then(next: Phase<K>, error: SourceError) -> Failure<K> {
+        Failure { next, error }
+    }
+}
+
+/// The cap of [`DefaultBackoff`], should it ever end.
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// The delays between failed attempts: kube-runtime's watcher backoff, 0.8 s doubling to a cap
+/// of 30 s, each with random jitter (SPEC 6), and reset after two quiet minutes.
+fn retry_backoff() -> DefaultBackoff {
+    DefaultBackoff::default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_spread_by_jitter_so_nodes_do_not_come_back_in_step() {
+        let firsts: Vec<Duration> = (0..50).map(|_| retry_backoff().next().unwrap()).collect();
+        for delay in &firsts {
+            assert!(
+                (Duration::from_millis(800)..=Duration::from_millis(1600)).contains(delay),
+                "{delay:?}"
+            );
+        }
+        let distinct: std::collections::BTreeSet<_> = firsts.iter().collect();
+        assert!(distinct.len() > 10, "no jitter: {firsts:?}");
+        let mut backoff = retry_backoff();
+        let late = backoff.nth(20).unwrap();
+        assert!(late <= 2 * BACKOFF_MAX, "{late:?}");
+    }
+
+    #[test]
+    fn text_from_a_proxy_becomes_one_short_printable_line() {
+        let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n\x1b[31m</html>";
+        assert_eq!(
+            printable(page),
+            "<html> <head><title>502 Bad Gateway</title></head> [31m</html>"
+        );
+        assert_eq!(printable(&"x".repeat(1000)).len(), 303);
+    }
+}

@@ -19,8 +19,13 @@
 //! - an update that changes nothing is a no-op: no new resourceVersion, no event;
 //! - a watch from a too-old resourceVersion gets HTTP 200 and one ERROR event (410 Expired), while
 //!   a list at a too-old exact resourceVersion gets HTTP 410;
-//! - BOOKMARKs go only to watches with `allowWatchBookmarks=true`, and only once the
-//!   resourceVersion has moved past what the watch has seen;
+//! - BOOKMARKs go only to watches with `allowWatchBookmarks=true`, every bookmark interval (a
+//!   minute upstream) once the resourceVersion has moved past the one the watch started from,
+//!   and from then on even if it has not moved since the last bookmark (cacheWatcher.process
+//!   compares with the start): a heartbeat, but not on a watch that started at the current
+//!   resourceVersion of a quiet resource;
+//! - without RBAC rules set, the fixture user may do anything; with `restrict_to` a list or
+//!   watch with fieldSelector `metadata.name=X` is authorized as a request for X, as upstream;
 //! - no bearer token means user system:anonymous, which gets 403 (not 401) outside /version and
 //!   the health checks; a wrong token gets 401.
 #![allow(dead_code)]
@@ -60,7 +65,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+/// A response body; an error aborts the connection mid-response (a cut stream).
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 const MCO_GROUP: &str = "machineconfiguration.openshift.io";
 /// Who the kubeconfig's token authenticates as (it shows in Forbidden messages).
@@ -97,6 +103,98 @@ impl Request {
     }
 }
 
+/// Which requests a hung server leaves unanswered (see [`ApiServer::hang`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HangMode {
+    /// Lists (GETs of a collection without `watch`).
+    Lists,
+    /// New watches, and every open watch stream (no event, no bookmark, no end).
+    Watches,
+    /// Every request, and every open watch stream.
+    All,
+}
+
+impl HangMode {
+    fn covers(self, kind: Kind) -> bool {
+        matches!(
+            (self, kind),
+            (HangMode::All, _) | (HangMode::Lists, Kind::List) | (HangMode::Watches, Kind::Watch)
+        )
+    }
+}
+
+/// Which requests an injected fault hits (see [`ApiServer::fail_next_on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Lists only: a watch passes untouched and does not use up the count.
+    List,
+    /// Watches only.
+    Watch,
+    /// Any request, discovery and single GETs included.
+    Any,
+}
+
+/// What an injected fault answers. Not every failure in front of or inside an API server comes
+/// as a well-formed Status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A metav1 Status with this HTTP code, worded as kube-apiserver words it. A 410 on a watch
+    /// comes as an ERROR event in a 200 stream, as kube-apiserver sends it.
+    Status(u16),
+    /// HTTP 502 with an HTML page, as a load balancer answers when no apiserver behind it does.
+    BadGatewayHtml,
+    /// HTTP 503 with an empty body and no content type (a proxy with no healthy backend).
+    EmptyUnavailable,
+    /// HTTP 200, then half of a JSON document (a watch event, or a list), then the connection
+    /// is cut: no terminating chunk, no TLS close_notify.
+    CutMidJson,
+    /// On a watch: HTTP 200 and one ERROR event holding a Status of this code, then the end of
+    /// the stream. On any other request, like `Status`.
+    ErrorEvent(u16),
+}
+
+/// One RBAC rule of the agent's role (see [`ApiServer::restrict_to`]).
+#[derive(Debug, Clone)]
+pub struct Rule {
+    verbs: Vec<String>,
+    group: String,
+    resource: String,
+    /// None: every namespace (a ClusterRole bound cluster-wide).
+    namespace: Option<String>,
+    /// resourceNames; empty means every name.
+    names: Vec<String>,
+}
+
+impl Rule {
+    pub fn new(
+        verbs: &[&str],
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        names: &[&str],
+    ) -> Rule {
+        Rule {
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            namespace: namespace.map(str::to_owned),
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    /// rbac.RuleAllows: verb, group and resource match, and resourceNames (when given) holds the
+    /// request's name. A request with no name (a list without a metadata.name selector) never
+    /// matches a rule with resourceNames.
+    fn allows(&self, verb: &str, res: Res, ns: Option<&str>, name: Option<&str>) -> bool {
+        let any = |list: &[String], value: &str| list.iter().any(|v| v == "*" || v == value);
+        any(&self.verbs, verb)
+            && (self.group == "*" || self.group == res.group())
+            && (self.resource == "*" || self.resource == res.plural())
+            && self.namespace.as_deref().is_none_or(|n| Some(n) == ns)
+            && (self.names.is_empty() || name.is_some_and(|n| self.names.iter().any(|x| x == n)))
+    }
+}
+
 /// The fake apiserver. Dropping it shuts it down and joins its thread.
 pub struct ApiServer {
     shared: Arc<Shared>,
@@ -119,6 +217,8 @@ impl ApiServer {
             port,
             tls,
             last_event_sent: Mutex::new(None),
+            last_rv_delivered: Mutex::new(None),
+            hang: tokio::sync::watch::Sender::new(None),
             flow_schema_uid: new_uid(),
             priority_level_uid: new_uid(),
         });
@@ -278,17 +378,68 @@ impl ApiServer {
 
     /// The next `count` requests, whatever they are, fail with a metav1 Status of HTTP `code`
     /// (403 Forbidden, 500 InternalError, ...). A 410 on a watch comes as an ERROR event in a 200
-    /// stream, as kube-apiserver sends it. Note that kube-rs's client retries 429, 503 and 504 by
-    /// itself (up to 15 times), so those need a larger `count` to reach the caller.
+    /// stream, as kube-apiserver sends it. Note that kube-rs's client, with its default retry
+    /// policy on, retries 429, 503 and 504 by itself (up to 15 times).
     pub fn fail_next(&self, count: usize, code: u16) {
-        self.shared.store().fail = (count > 0).then_some((count, code));
+        self.fail_next_on(Target::Any, count, Fault::Status(code));
+    }
+
+    /// The next `count` requests that `target` selects get `fault`; other requests pass and do
+    /// not use up the count. Replaces whatever was armed before.
+    pub fn fail_next_on(&self, target: Target, count: usize, fault: Fault) {
+        self.shared.store().fail = (count > 0).then_some((count, target, fault));
+    }
+
+    /// Breaks every open watch in the middle of its stream: `CutMidJson` sends half an event and
+    /// cuts the connection; `ErrorEvent(code)` (or `Status(code)`) sends an ERROR event with that
+    /// Status and ends the stream, as the watch cache does when it gives up on a watcher. Other
+    /// faults make no sense mid-stream and panic.
+    pub fn break_watches(&self, fault: Fault) {
+        let msg = || match fault {
+            Fault::CutMidJson => Msg::Cut,
+            Fault::ErrorEvent(code) | Fault::Status(code) => Msg::Error(code),
+            other => panic!("break_watches: {other:?} cannot happen inside a watch stream"),
+        };
+        for w in self.shared.store().watches.values() {
+            let _ = w.tx.send(msg());
+        }
+    }
+
+    /// The server stops answering: it still accepts connections, completes TLS and reads each
+    /// request that `mode` covers, then sends nothing at all, as an apiserver stuck on etcd or a
+    /// deadlocked proxy does. Watches covered go silent too: no event, no bookmark, no end at
+    /// their timeout. Requests held so far are served when [`ApiServer::unhang`] is called.
+    pub fn hang(&self, mode: HangMode) {
+        self.shared.hang.send_replace(Some(mode));
+    }
+
+    /// Answers again, held requests first.
+    pub fn unhang(&self) {
+        self.shared.hang.send_replace(None);
+    }
+
+    /// Enforces RBAC for the fixture user as kube-apiserver's RBAC authorizer does: a request is
+    /// allowed only if one of `rules` allows it, else it gets 403 Forbidden with the real
+    /// message. As upstream (the request info resolver, requestinfo.go), a list or watch whose
+    /// fieldSelector requires `metadata.name=X` is authorized as a request for the object named
+    /// X, so `resourceNames: [X]` covers it; without such a selector it has no name and a rule
+    /// with resourceNames does not allow it. Discovery, /version and the health checks stay
+    /// open (system:discovery and system:public-info-viewer).
+    pub fn restrict_to(&self, rules: Vec<Rule>) {
+        self.shared.store().rules = Some(rules);
+    }
+
+    /// The resourceVersion of the last event or bookmark handed to a watch's connection: where a
+    /// watch resumed after it should start.
+    pub fn last_rv_delivered(&self) -> Option<u64> {
+        *lock(&self.shared.last_rv_delivered)
     }
 
     /// How often watches that asked for `allowWatchBookmarks=true` get a BOOKMARK (kube-apiserver:
     /// about every minute, and 2 s before the watch's timeout). As on the real server a bookmark
-    /// is only sent when the resourceVersion moved past what the watch has already seen (changes
-    /// to objects the watch does not select move it too). Default 1 s. Takes effect on each
-    /// watch's next scheduled bookmark.
+    /// is only sent once the resourceVersion moved past the one the watch started from (changes
+    /// to objects the watch does not select move it too); from then on every interval, whether
+    /// or not it moved again. Default 1 s. Takes effect on each watch's next scheduled bookmark.
     pub fn set_bookmark_interval(&self, every: Duration) {
         self.shared.store().bookmark_interval = every.max(Duration::from_millis(10));
     }
@@ -461,7 +612,10 @@ struct Store {
     watches: HashMap<u64, WatchReg>,
     next_watch_id: u64,
     requests: Vec<Request>,
-    fail: Option<(usize, u16)>,
+    /// What `fail_next_on` armed: (requests left, which ones, what they get).
+    fail: Option<(usize, Target, Fault)>,
+    /// The agent's RBAC rules; None allows every request of the fixture user.
+    rules: Option<Vec<Rule>>,
     bookmark_interval: Duration,
     watch_list: bool,
     touches: u64,
@@ -480,6 +634,7 @@ impl Store {
             next_watch_id: 1,
             requests: Vec::new(),
             fail: None,
+            rules: None,
             bookmark_interval: Duration::from_secs(1),
             watch_list: false,
             touches: 0,
@@ -532,10 +687,19 @@ impl Store {
         self.watch_floor = self.rv;
     }
 
-    fn take_failure(&mut self) -> Option<u16> {
-        let (count, code) = self.fail?;
-        self.fail = (count > 1).then_some((count - 1, code));
-        Some(code)
+    /// The fault armed for a request of this kind, if any (using one of its count).
+    fn take_failure(&mut self, kind: Kind) -> Option<Fault> {
+        let (count, target, fault) = self.fail?;
+        let hit = match target {
+            Target::Any => true,
+            Target::List => kind == Kind::List,
+            Target::Watch => kind == Kind::Watch,
+        };
+        if !hit {
+            return None;
+        }
+        self.fail = (count > 1).then_some((count - 1, target, fault));
+        Some(fault)
     }
 }
 
@@ -545,6 +709,10 @@ struct Shared {
     port: u16,
     tls: Arc<rustls::ServerConfig>,
     last_event_sent: Mutex<Option<Instant>>,
+    /// The resourceVersion of the last event or bookmark handed to a watch's connection.
+    last_rv_delivered: Mutex<Option<u64>>,
+    /// Set while the server is hung (see `ApiServer::hang`).
+    hang: tokio::sync::watch::Sender<Option<HangMode>>,
     flow_schema_uid: String,
     priority_level_uid: String,
 }
@@ -1078,6 +1246,17 @@ impl Status {
             )
             .details(json!({}));
         };
+        Status::forbidden_resource(user, verb, res, ns, name)
+    }
+
+    /// The RBAC denial of a resource request; `name` from the path or a metadata.name selector.
+    fn forbidden_resource(
+        user: &str,
+        verb: &str,
+        res: Res,
+        ns: Option<&str>,
+        name: Option<&str>,
+    ) -> Status {
         let subject = match name {
             Some(n) => format!("{} {n:?}", res.qualified()),
             None => res.qualified(),
@@ -1551,24 +1730,27 @@ async fn handle(
     let watch = matches!(q.bool("watch"), Ok(Some(true)));
     let route = Route::parse(&path);
     let verb = verb(&method, &route, watch);
-    let injected = {
-        let mut st = shared.store();
-        st.requests.push(Request {
-            method: method.clone(),
-            path: path.clone(),
-            query: raw_query,
-            watch,
-            at: Instant::now(),
-        });
-        st.take_failure()
+    let kind = match (&route, method.as_str()) {
+        (Route::Collection { .. }, "GET") if watch => Kind::Watch,
+        (Route::Collection { .. }, "GET") => Kind::List,
+        _ => Kind::Other,
     };
-    if let Some(code) = injected {
-        let status = Status::injected(code, &route, verb, &path);
-        // A watch learns of an expired resourceVersion from an ERROR event, not an HTTP 410.
-        if code == 410 && watch && matches!(route, Route::Collection { .. }) {
-            return watch_error(&shared, &status);
-        }
-        return status_reply(&shared, &status);
+    shared.store().requests.push(Request {
+        method: method.clone(),
+        path: path.clone(),
+        query: raw_query,
+        watch,
+        at: Instant::now(),
+    });
+    // A hung server has read the request and sends nothing until it is released.
+    let _ = shared
+        .hang
+        .subscribe()
+        .wait_for(|hang| !hang.is_some_and(|h| h.covers(kind)))
+        .await;
+    let injected = shared.store().take_failure(kind);
+    if let Some(fault) = injected {
+        return injected_reply(&shared, fault, kind, &route, verb, &path);
     }
 
     // Authentication (bearer token), then authorization: an invalid token is 401; no token makes
@@ -1594,6 +1776,9 @@ async fn handle(
         }
         _ => {}
     }
+    if let Some(status) = rbac_denial(&shared, verb, &route, &q) {
+        return status_reply(&shared, &status);
+    }
 
     if let Err(status) = q.bool("watch") {
         return status_reply(&shared, &status);
@@ -1618,6 +1803,109 @@ async fn handle(
         )),
     };
     result.unwrap_or_else(|status| status_reply(&shared, &status))
+}
+
+/// Whether a request is a list, a watch, or anything else (for hangs and injected faults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    List,
+    Watch,
+    Other,
+}
+
+/// What an armed fault answers to a request of this kind.
+fn injected_reply(
+    shared: &Shared,
+    fault: Fault,
+    kind: Kind,
+    route: &Route,
+    verb: &str,
+    path: &str,
+) -> Response<Body> {
+    match fault {
+        // A watch learns of an expired resourceVersion from an ERROR event, not an HTTP 410.
+        Fault::Status(410) | Fault::ErrorEvent(_) if kind == Kind::Watch => {
+            let code = match fault {
+                Fault::ErrorEvent(code) | Fault::Status(code) => code,
+                _ => unreachable!(),
+            };
+            watch_error(shared, &Status::injected(code, route, verb, path))
+        }
+        Fault::Status(code) | Fault::ErrorEvent(code) => {
+            status_reply(shared, &Status::injected(code, route, verb, path))
+        }
+        // What an nginx-style load balancer sends when no apiserver behind it answers.
+        Fault::BadGatewayHtml => {
+            let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
+            Response::builder()
+                .status(StatusCode::BAD_GATEWAY)
+                .header(hyper::header::CONTENT_TYPE, "text/html")
+                .body(full(page))
+                .expect("valid response")
+        }
+        Fault::EmptyUnavailable => Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header(hyper::header::CONTENT_LENGTH, "0")
+            .body(full(""))
+            .expect("valid response"),
+        Fault::CutMidJson => {
+            let half: &'static [u8] = if kind == Kind::Watch {
+                b"{\"type\":\"MODIFIED\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\",\"resou"
+            } else {
+                b"{\"kind\":\"ConfigMapList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"1"
+            };
+            reply(
+                shared,
+                200,
+                "application/json",
+                cut_after(Bytes::from_static(half)),
+            )
+        }
+    }
+}
+
+/// A body that sends `bytes`, waits for them to be flushed, then fails, which makes hyper abort
+/// the connection mid-response.
+fn cut_after(bytes: Bytes) -> Body {
+    let steps = futures::stream::unfold(0, move |step| {
+        let bytes = bytes.clone();
+        async move {
+            match step {
+                0 => Some((Ok(Frame::data(bytes)), 1)),
+                1 => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Some((Err(std::io::Error::other("connection cut")), 2))
+                }
+                _ => None,
+            }
+        }
+    });
+    StreamBody::new(steps).boxed_unsync()
+}
+
+/// The RBAC authorizer's answer when rules are enforced: None if allowed, else the 403.
+fn rbac_denial(shared: &Shared, verb: &str, route: &Route, q: &Query) -> Option<Status> {
+    let (res, ns, path_name) = route.resource()?;
+    let st = shared.store();
+    let rules = st.rules.as_ref()?;
+    // requestinfo.go: a list or watch whose field selector requires metadata.name=X (a valid
+    // path segment) is authorized with name X.
+    let selected = match route {
+        Route::Collection { .. } => parse_field_selector(res, q.get("fieldSelector").unwrap_or(""))
+            .ok()
+            .and_then(|reqs| {
+                reqs.into_iter()
+                    .find(|r| r.field == "metadata.name" && r.equal)
+                    .map(|r| r.value)
+            })
+            .filter(|n| !n.is_empty() && n != "." && n != ".." && !n.contains(['/', '%'])),
+        _ => None,
+    };
+    let name = path_name.or(selected.as_deref());
+    if rules.iter().any(|r| r.allows(verb, res, ns, name)) {
+        return None;
+    }
+    Some(Status::forbidden_resource(USER, verb, res, ns, name))
 }
 
 fn serve_get(
@@ -1935,8 +2223,9 @@ async fn serve_watch(
         id,
         res,
         rx,
+        // processInterval: the start moves past every initial event.
+        start: initial.iter().map(|l| l.rv).fold(seen, u64::max),
         pending: initial,
-        seen,
         deadline,
         next_bookmark: if bookmarks {
             next_bookmark_at(now, interval, deadline)
@@ -1945,10 +2234,11 @@ async fn serve_watch(
         },
         flushed,
         ending: false,
+        cut: false,
     };
     let body = futures::stream::unfold(stream, |mut w| async move {
         let bytes = w.next_line().await?;
-        Some((Ok::<_, Infallible>(Frame::data(bytes)), w))
+        Some((bytes.map(Frame::data), w))
     });
     Ok(reply(
         shared,
@@ -1964,7 +2254,7 @@ fn watch_error(shared: &Shared, status: &Status) -> Response<Body> {
         "{{\"type\":\"ERROR\",\"object\":{}}}\n",
         status.json()
     ));
-    let body = futures::stream::iter([Ok::<_, Infallible>(Frame::data(line))]);
+    let body = futures::stream::iter([Ok::<_, std::io::Error>(Frame::data(line))]);
     reply(
         shared,
         200,
@@ -2037,7 +2327,9 @@ fn discovery_json(route: &Route, port: u16) -> String {
 // ---------------------------------------------------------------------------------------------
 
 fn full(body: impl Into<Bytes>) -> Body {
-    Full::new(body.into()).boxed_unsync()
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// A response with the headers kube-apiserver puts on every answer.
@@ -2126,6 +2418,10 @@ enum Msg {
     Line(Line),
     /// End the stream cleanly after what is queued.
     Close,
+    /// Send half an event and cut the connection.
+    Cut,
+    /// Send an ERROR event with a Status of this code, then end the stream.
+    Error(u16),
 }
 
 struct WatchStream {
@@ -2134,24 +2430,42 @@ struct WatchStream {
     res: Res,
     rx: mpsc::UnboundedReceiver<Msg>,
     pending: VecDeque<Line>,
-    /// The resourceVersion the client has been brought to.
-    seen: u64,
+    /// The resourceVersion the watch started from, after its initial events: cacheWatcher.process
+    /// sends a bookmark only past it (and, like upstream, compares with it, not with the last
+    /// bookmark sent, so bookmarks keep coming once the resourceVersion has moved once).
+    start: u64,
     deadline: tokio::time::Instant,
     next_bookmark: Option<tokio::time::Instant>,
     /// Set when an event frame is handed to hyper; the connection's writer stamps the flush.
     flushed: Arc<AtomicBool>,
     ending: bool,
+    /// Cut the connection once what is pending was sent.
+    cut: bool,
 }
 
 impl WatchStream {
-    async fn next_line(&mut self) -> Option<Bytes> {
+    async fn next_line(&mut self) -> Option<Result<Bytes, std::io::Error>> {
         loop {
+            // A hung server sends nothing, not even a bookmark or the end at the deadline.
+            let mut hang = self.shared.hang.subscribe();
+            let _ = hang
+                .wait_for(|hang| !hang.is_some_and(|h| h.covers(Kind::Watch)))
+                .await;
             if let Some(line) = self.pending.pop_front() {
-                self.seen = self.seen.max(line.rv);
                 if line.object {
                     self.flushed.store(true, Ordering::SeqCst);
                 }
-                return Some(line.bytes);
+                if line.rv > 0 {
+                    *lock(&self.shared.last_rv_delivered) = Some(line.rv);
+                }
+                return Some(Ok(line.bytes));
+            }
+            if self.cut {
+                self.cut = false;
+                self.ending = true;
+                return Some(Ok(Bytes::from_static(
+                    b"{\"type\":\"MODIFIED\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\",\"resou",
+                )));
             }
             if self.ending {
                 return None;
@@ -2159,10 +2473,8 @@ impl WatchStream {
             let bookmark_at = self.next_bookmark;
             tokio::select! {
                 biased;
-                msg = self.rx.recv() => match msg {
-                    Some(Msg::Line(line)) => self.pending.push_back(line),
-                    Some(Msg::Close) | None => self.ending = true,
-                },
+                _ = hang.wait_for(|hang| hang.is_some_and(|h| h.covers(Kind::Watch))) => {}
+                msg = self.rx.recv() => self.on_msg(msg),
                 // timeoutSeconds elapsed: the handler returns and the response ends cleanly.
                 _ = tokio::time::sleep_until(self.deadline) => self.ending = true,
                 _ = tokio::time::sleep_until(bookmark_at.unwrap_or(self.deadline)), if bookmark_at.is_some() => {
@@ -2172,23 +2484,40 @@ impl WatchStream {
         }
     }
 
-    /// Queues a BOOKMARK at the current resourceVersion, behind any events still queued, if that
-    /// moves the client forward (cache_watcher.go sends only events newer than the watch's
-    /// resourceVersion, bookmarks included).
+    fn on_msg(&mut self, msg: Option<Msg>) {
+        match msg {
+            Some(Msg::Line(line)) => self.pending.push_back(line),
+            Some(Msg::Close) | None => self.ending = true,
+            Some(Msg::Cut) => self.cut = true,
+            Some(Msg::Error(code)) => {
+                let route = Route::Collection {
+                    res: self.res,
+                    ns: None,
+                };
+                let status = Status::injected(code, &route, "watch", "");
+                self.pending.push_back(Line {
+                    bytes: format!("{{\"type\":\"ERROR\",\"object\":{}}}\n", status.json()).into(),
+                    rv: 0,
+                    object: false,
+                });
+                self.ending = true;
+            }
+        }
+    }
+
+    /// Queues a BOOKMARK at the current resourceVersion, behind any events still queued, if the
+    /// resourceVersion has moved past the one the watch started from.
     fn bookmark(&mut self) {
         let (current, interval) = {
             // Under the store lock no event can be queued between the drain and the read of rv.
-            let st = self.shared.store();
+            let shared = self.shared.clone();
+            let st = shared.store();
             while let Ok(msg) = self.rx.try_recv() {
-                match msg {
-                    Msg::Line(line) => self.pending.push_back(line),
-                    Msg::Close => self.ending = true,
-                }
+                self.on_msg(Some(msg));
             }
             (st.rv, st.bookmark_interval)
         };
-        let seen = self.pending.iter().map(|l| l.rv).fold(self.seen, u64::max);
-        if current > seen && !self.ending {
+        if current > self.start && !self.ending && !self.cut {
             self.pending
                 .push_back(Line::bookmark(self.res, current, false));
         }
