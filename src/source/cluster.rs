@@ -405,6 +405,8 @@ async fn follow<K>(
         }),
     };
     let mut phase = Phase::List;
+    // When the current watch opened.
+    let mut opened = tokio::time::Instant::now();
     loop {
         let failure = match phase {
             Phase::List => match within(spec, "list", api.list(&list_params)).await {
@@ -434,6 +436,7 @@ async fn follow<K>(
                     if std::mem::take(&mut down) {
                         send(state(&current));
                     }
+                    opened = tokio::time::Instant::now();
                     phase = Phase::Watching {
                         rv,
                         events: events.boxed(),
@@ -469,6 +472,11 @@ async fn follow<K>(
                     // The server ended the watch (its timeout, or a connection that closed
                     // between events): resume from where it was.
                     Ok(None) => {
+                        // A watch that ends as soon as it opens (a proxy that cuts streams)
+                        // must not become a tight loop of requests: wait as after a failure.
+                        if opened.elapsed() < WATCH_MIN_LIFE {
+                            tokio::time::sleep(backoff.next().unwrap_or(BACKOFF_MAX)).await;
+                        }
                         phase = Phase::Watch { rv };
                         continue;
                     }
@@ -515,6 +523,10 @@ impl<K> Failure<K> {
         Failure { next, error }
     }
 }
+
+/// A watch that ends sooner than this after it opened, with no error, is resumed only after
+/// a backoff delay.
+const WATCH_MIN_LIFE: Duration = Duration::from_secs(1);
 
 /// The cap of [`DefaultBackoff`], should it ever end.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
