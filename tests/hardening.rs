@@ -656,11 +656,14 @@ fn hooks_run_one_at_a_time_time_out_and_do_not_outlive_the_agent() {
 
 #[test]
 fn readiness_turns_when_the_last_certificate_expires_with_no_other_event() {
+    // The adopted file stands while the only source is rejected (and so silent: nothing
+    // else happens): its certificates' boundaries count as much as the sources'.
     let node = Node::new();
     let brief = Signer::valid_between("brief", Algorithm::P256, Span::hours(-1), Span::seconds(3));
-    let source = node.source("signers.pem", brief.pem());
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), brief.pem()).unwrap();
+    let source = node.source("signers.pem", brief.key_pem());
     let agent = Agent::start(&node, &[&source], &[]);
-    wait_until(5 * SECOND, || node.holds(brief.pem()));
     agent.wait_listening();
     assert_eq!(agent.get("/readyz").map(|(c, _)| c), Some(200));
     wait_until(6 * SECOND, || {
@@ -672,6 +675,10 @@ fn readiness_turns_when_the_last_certificate_expires_with_no_other_event() {
         "{report}"
     );
     assert_eq!(agent.metric("x509_cert_expired{"), Some(1.0));
+    // With nothing valid to restore, a deleted file is not brought back expired.
+    fs::remove_file(node.bundle()).unwrap();
+    std::thread::sleep(SECOND);
+    assert!(!node.bundle().exists());
 }
 
 #[test]
