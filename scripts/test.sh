@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
 # bundles, chattr for the permission-fault test, promtool from prometheus to check the
-# metrics), then format, lints and every test.
+# metrics, strace to check the durability syscalls), then format, lints and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +9,7 @@ need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v chattr >/dev/null || need+=(e2fsprogs)
 command -v promtool >/dev/null || need+=(prometheus)
+command -v strace >/dev/null || need+=(strace)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
