@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
 # bundles, chattr for the permission-fault test, promtool from prometheus to check the
-# metrics, strace to check the durability syscalls), then format, lints and every test.
+# metrics), then format, lints and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
