@@ -259,7 +259,10 @@ mod tests {
         // One answer serves every probe.
         pongs.answer();
         for probe in probes {
-            assert!(probe.await.unwrap(), "a probe did not see the shared answer");
+            assert!(
+                probe.await.unwrap(),
+                "a probe did not see the shared answer"
+            );
         }
     }
 }

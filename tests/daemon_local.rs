@@ -194,7 +194,9 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
     // Retries at about 1 s and 3 s after the first failure: they happen with no event at
     // all, and they are a few, not hundreds.
     wait_until(5 * SECOND, || failures(&agent) > first);
-    std::thread::sleep((failed_at + Duration::from_millis(3500)).saturating_duration_since(Instant::now()));
+    std::thread::sleep(
+        (failed_at + Duration::from_millis(3500)).saturating_duration_since(Instant::now()),
+    );
     let attempts = failures(&agent);
     assert!(
         (first + 1.0..=first + 3.0).contains(&attempts),
@@ -591,7 +593,11 @@ fn run_keeps_each_replaced_bundle_in_history_mode_0600() {
     // History is written by the records thread, a moment after the rename.
     wait_until(2 * SECOND, || history_entries(&node.state_dir()).len() == 1);
     let (name, content, mode) = history_entries(&node.state_dir()).remove(0);
-    assert_eq!(content, a.pem().as_bytes(), "history holds the replaced bundle");
+    assert_eq!(
+        content,
+        a.pem().as_bytes(),
+        "history holds the replaced bundle"
+    );
     assert_eq!(mode, 0o600, "{name}");
     assert!(
         name.ends_with(&format!("-{}.crt", sha256_hex(a.pem().as_bytes()))),
@@ -639,7 +645,9 @@ fn what_a_repair_overwrites_is_not_history_even_a_valid_bundle() {
     std::thread::sleep(Duration::from_millis(300));
     let entries = history_entries(&node.state_dir());
     assert!(
-        entries.iter().all(|(_, content, _)| content != foreign.as_bytes()),
+        entries
+            .iter()
+            .all(|(_, content, _)| content != foreign.as_bytes()),
         "the bundle a repair overwrote was saved: {:?}",
         entries.iter().map(|(name, ..)| name).collect::<Vec<_>>()
     );
@@ -715,7 +723,12 @@ fn a_bundle_is_never_built_from_the_sources_read_so_far() {
         &["--kubeconfig", kubeconfig.to_str().unwrap()],
     );
     agent.wait_listening();
-    agent.wait_sample(5 * SECOND, "kubelet_ca_source_up", &[("source", &local)], |v| v == 1.0);
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_source_up",
+        &[("source", &local)],
+        |v| v == 1.0,
+    );
     wait_until(5 * SECOND, || {
         agent.get("/readyz").is_some_and(|(code, _)| code == 200)
     });

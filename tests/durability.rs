@@ -113,7 +113,11 @@ fn parse_trace(text: &str) -> Vec<Call> {
         let Some((name, after)) = full.split_once('(') else {
             continue;
         };
-        let Some((args, ret)) = after.rsplit_once(") = ") else {
+        // strace pads short calls: `fsync(3)                          = 0`.
+        let Some((args, ret)) = after.rsplit_once(" = ") else {
+            continue;
+        };
+        let Some(args) = args.trim_end().strip_suffix(')') else {
             continue;
         };
         calls.push(Call {
@@ -170,7 +174,9 @@ fn check_replaces(calls: &[Call], bundle: &Path) -> usize {
             .filter(|(_, (path, ..))| *path == from)
             .max_by_key(|(_, (.., at))| *at)
             .map(|(fd, v)| (*fd, v.clone()))
-            .unwrap_or_else(|| panic!("no open of the temporary file {from} before\n{}", call.line));
+            .unwrap_or_else(|| {
+                panic!("no open of the temporary file {from} before\n{}", call.line)
+            });
         assert!(
             from.starts_with(&format!("{dir}/.")),
             "the temporary file {from} is not a hidden file in the bundle's directory {dir}"
@@ -191,7 +197,10 @@ fn check_replaces(calls: &[Call], bundle: &Path) -> usize {
         let written = on_temp(&["write"]);
         let synced = on_temp(&["fsync", "fdatasync"]);
         let context = dump(opened_at, i + 1);
-        assert!(written.is_some(), "nothing written to the temporary file:\n{context}");
+        assert!(
+            written.is_some(),
+            "nothing written to the temporary file:\n{context}"
+        );
         assert!(
             synced.is_some_and(|s| written.is_some_and(|w| w < s)),
             "the temporary file is not fsynced after it is written and before the rename:\n{context}"
@@ -232,7 +241,10 @@ fn check_replaces(calls: &[Call], bundle: &Path) -> usize {
 
 #[test]
 fn sync_makes_a_rotation_durable_temp_fsync_rename_directory_fsync() {
-    if !require(strace_works(), "strace is not installed or cannot trace here") {
+    if !require(
+        strace_works(),
+        "strace is not installed or cannot trace here",
+    ) {
         return;
     }
     let node = Node::new();
@@ -268,14 +280,18 @@ fn sync_makes_a_rotation_durable_temp_fsync_rename_directory_fsync() {
     );
 }
 
-/// The pid of the program strace runs (its only child).
+/// The pid of the agent strace runs: the child of strace that is the agent's binary
+/// (strace forks short-lived test children of its own at start).
 fn traced_pid(strace: u32) -> i32 {
     let children = format!("/proc/{strace}/task/{strace}/children");
+    let agent = fs::canonicalize(agent_bin()).unwrap();
     let mut pid = None;
     wait_until(10 * SECOND, || {
-        pid = fs::read_to_string(&children)
-            .ok()
-            .and_then(|c| c.split_whitespace().next()?.parse().ok());
+        pid = fs::read_to_string(&children).ok().and_then(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .find(|p| fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|exe| exe == agent))
+        });
         pid.is_some()
     });
     pid.unwrap()
@@ -283,7 +299,10 @@ fn traced_pid(strace: u32) -> i32 {
 
 #[test]
 fn run_makes_every_replace_durable_temp_fsync_rename_directory_fsync() {
-    if !require(strace_works(), "strace is not installed or cannot trace here") {
+    if !require(
+        strace_works(),
+        "strace is not installed or cannot trace here",
+    ) {
         return;
     }
     let node = Node::new();
@@ -341,14 +360,14 @@ fn the_trace_checker_rejects_a_replace_without_a_directory_fsync() {
 10 <... fsync resumed>) = 0
 10 rename("/d/.b.kubelet-ca-agent-tmp.10.0", "/d/b") = 0
 10 openat(AT_FDCWD, "/d", O_RDONLY|O_CLOEXEC) = 7
-10 fsync(7) = 0
+10 fsync(7)                          = 0
 "#;
     assert_eq!(check_replaces(&parse_trace(good), Path::new("/d/b")), 1);
     let cases = [
-        ("no directory fsync", good.replace("10 fsync(7) = 0\n", "")),
+        ("no directory fsync", good.replace("10 fsync(7)                          = 0\n", "")),
         (
             "fsync of another fd",
-            good.replace("10 fsync(7) = 0", "10 fsync(6) = 0"),
+            good.replace("10 fsync(7) ", "10 fsync(6) "),
         ),
         (
             "no temp fsync",
@@ -357,8 +376,8 @@ fn the_trace_checker_rejects_a_replace_without_a_directory_fsync() {
         (
             "directory fsync before the rename",
             good.replace(
-                "10 rename(\"/d/.b.kubelet-ca-agent-tmp.10.0\", \"/d/b\") = 0\n10 openat(AT_FDCWD, \"/d\", O_RDONLY|O_CLOEXEC) = 7\n10 fsync(7) = 0\n",
-                "10 openat(AT_FDCWD, \"/d\", O_RDONLY|O_CLOEXEC) = 7\n10 fsync(7) = 0\n10 rename(\"/d/.b.kubelet-ca-agent-tmp.10.0\", \"/d/b\") = 0\n",
+                "10 rename(\"/d/.b.kubelet-ca-agent-tmp.10.0\", \"/d/b\") = 0\n10 openat(AT_FDCWD, \"/d\", O_RDONLY|O_CLOEXEC) = 7\n10 fsync(7)                          = 0\n",
+                "10 openat(AT_FDCWD, \"/d\", O_RDONLY|O_CLOEXEC) = 7\n10 fsync(7)                          = 0\n10 rename(\"/d/.b.kubelet-ca-agent-tmp.10.0\", \"/d/b\") = 0\n",
             ),
         ),
         ("no O_EXCL", good.replace("O_EXCL|", "")),

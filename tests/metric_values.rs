@@ -30,7 +30,8 @@ fn source_path(spec: &str) -> &str {
 fn x509_cert_expired_is_0_for_a_valid_certificate_and_1_once_past_not_after() {
     let node = Node::new();
     let current = Signer::new("current", Algorithm::P256);
-    let expired = Signer::valid_between("expired", Algorithm::P256, Span::days(-30), Span::days(-1));
+    let expired =
+        Signer::valid_between("expired", Algorithm::P256, Span::days(-30), Span::days(-1));
     let brief = Signer::valid_between("brief", Algorithm::P256, Span::hours(-1), Span::seconds(3));
     // Expired certificates are kept by default: they must show as expired.
     let pem = current.pem() + &expired.pem() + &brief.pem();
@@ -39,7 +40,12 @@ fn x509_cert_expired_is_0_for_a_valid_certificate_and_1_once_past_not_after() {
     wait_until(5 * SECOND, || node.holds(&pem));
     agent.wait_listening();
     let expired_of = |cn: &str| agent.sample("x509_cert_expired", &[("subject_CN", cn)]);
-    agent.wait_sample(2 * SECOND, "x509_cert_expired", &[("subject_CN", "current")], |v| v == 0.0);
+    agent.wait_sample(
+        2 * SECOND,
+        "x509_cert_expired",
+        &[("subject_CN", "current")],
+        |v| v == 0.0,
+    );
     assert_eq!(expired_of("expired"), Some(1.0));
     assert_eq!(expired_of("brief"), Some(0.0));
     let not_after = agent
@@ -47,7 +53,12 @@ fn x509_cert_expired_is_0_for_a_valid_certificate_and_1_once_past_not_after() {
         .unwrap();
     assert!(not_after < unix_now() - 3600.0, "notAfter {not_after}");
     // Nothing happens on disk when `brief` expires: the value still turns to 1.
-    agent.wait_sample(8 * SECOND, "x509_cert_expired", &[("subject_CN", "brief")], |v| v == 1.0);
+    agent.wait_sample(
+        8 * SECOND,
+        "x509_cert_expired",
+        &[("subject_CN", "brief")],
+        |v| v == 1.0,
+    );
     assert_eq!(expired_of("current"), Some(0.0));
 }
 
@@ -256,7 +267,11 @@ fn the_series_of_a_certificate_that_leaves_the_bundle_disappear() {
             .iter()
             .any(|s| s.label("sha256") == Some(&sha))
     });
-    for name in ["x509_cert_not_after", "x509_cert_not_before", "x509_cert_expired"] {
+    for name in [
+        "x509_cert_not_after",
+        "x509_cert_not_before",
+        "x509_cert_expired",
+    ] {
         assert_eq!(series(&body, name), ["stays"], "{name}:\n{body}");
     }
     assert_eq!(
