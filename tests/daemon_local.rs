@@ -208,6 +208,16 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
         before,
         "the old file is intact"
     );
+    // The metrics describe the file on disk, not the bundle that could not be written.
+    let on_disk = sha256_hex(a.pem().as_bytes());
+    assert_eq!(
+        agent.sample("kubelet_ca_bundle_info", &[("sha256", &on_disk)]),
+        Some(1.0)
+    );
+    assert_eq!(
+        agent.sample("x509_cert_not_after", &[("subject_CN", "b")]),
+        None
+    );
     assert!(node.stray_files().is_empty(), "{:?}", node.stray_files());
     drop(immutable);
     // The next retry (at most 4 s away) finds the directory writable.

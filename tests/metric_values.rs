@@ -78,8 +78,14 @@ fn rejected_not_ca_counts_each_certificate_left_out_once() {
         &labels,
         |v| v == 2.0,
     );
-    // More passes over the same content (a repair here) do not count the same
-    // certificates again.
+    // Reading the same content again (the file rewritten as it was), or another pass (a
+    // repair), does not count the same certificates again.
+    fs::write(source_path(&source), &pem).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        agent.sample("kubelet_ca_rejected_certificates_total", &labels),
+        Some(2.0)
+    );
     fs::write(node.bundle(), "garbage").unwrap();
     wait_until(2 * SECOND, || node.holds(ca.pem()));
     agent.wait_metric(2 * SECOND, "kubelet_ca_repairs_total{", 1.0);
