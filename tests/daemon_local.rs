@@ -608,7 +608,7 @@ fn run_keeps_each_replaced_bundle_in_history_mode_0600() {
         a.pem().as_bytes(),
         "history holds the replaced bundle"
     );
-    assert_eq!(mode, 0o600, "{name}");
+    assert_eq!(format!("{mode:o}"), "600", "{name}");
     assert!(
         name.ends_with(&format!("-{}.crt", sha256_hex(a.pem().as_bytes()))),
         "{name}"
@@ -778,5 +778,40 @@ fn a_bundle_is_never_built_from_the_sources_read_so_far() {
     assert_eq!(
         agent.metric("kubelet_ca_last_sync_timestamp_seconds{"),
         None
+    );
+}
+
+#[test]
+fn an_adopted_bundle_is_no_longer_restored_once_every_certificate_expired() {
+    let node = Node::new();
+    let brief = Signer::valid_between("brief", Algorithm::P256, Span::hours(-1), Span::seconds(4));
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), brief.pem()).unwrap();
+    let kubeconfig = node.root().join("kubeconfig");
+    fs::write(&kubeconfig, KUBECONFIG_NOWHERE).unwrap();
+    let agent = Agent::start(
+        &node,
+        &["configmap:openshift-config-managed/kube-apiserver-client-ca"],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    agent.wait_listening();
+    wait_until(3 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    // While it holds a certificate valid now, the adopted bundle is what a repair restores.
+    fs::remove_file(node.bundle()).unwrap();
+    wait_until(SECOND, || node.holds(brief.pem()));
+    // Its last certificate expires: readiness follows with no other event, and from then
+    // on a deleted file is not brought back with nothing valid in it.
+    wait_until(8 * SECOND, || {
+        agent.get("/readyz?verbose").is_some_and(|(code, body)| {
+            code == 503 && body.contains("no certificate in the file is valid now")
+        })
+    });
+    fs::remove_file(node.bundle()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        fs::symlink_metadata(node.bundle()).is_err(),
+        "an all-expired bundle was restored"
     );
 }
