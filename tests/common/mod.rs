@@ -174,7 +174,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// The history entries under `<state-dir>/history/`: (file name, content, mode).
+/// The history entries under `<state-dir>/history/`: (file name, content, mode). A
+/// hidden file there is an entry being written (the agent's temporary file), not yet one.
 pub fn history_entries(state_dir: &Path) -> Vec<(String, Vec<u8>, u32)> {
     use std::os::unix::fs::PermissionsExt;
     let Ok(dir) = fs::read_dir(state_dir.join("history")) else {
@@ -184,6 +185,9 @@ pub fn history_entries(state_dir: &Path) -> Vec<(String, Vec<u8>, u32)> {
         .filter_map(|e| {
             let e = e.ok()?;
             let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                return None;
+            }
             let mode = fs::symlink_metadata(e.path()).ok()?.permissions().mode() & 0o7777;
             Some((name, fs::read(e.path()).ok()?, mode))
         })
