@@ -303,3 +303,82 @@ async fn metrics_handler(
             .into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// The loop's side, answering every ping until dropped (what the reconciler does
+    /// between passes).
+    fn answering(mut pongs: Pongs) -> tokio::task::JoinHandle<Pongs> {
+        tokio::spawn(async move {
+            while pongs.pings.recv().await.is_some() {
+                pongs.answer();
+            }
+            pongs
+        })
+    }
+
+    #[tokio::test]
+    async fn a_loop_that_never_answers_is_not_alive_within_the_timeout() {
+        let (liveness, pongs) = liveness();
+        // It answered once, long ago: an old answer does not count for a new probe.
+        pongs.answer();
+        let started = Instant::now();
+        // A probe that waited forever would hang every later probe's connection too.
+        let answer = tokio::time::timeout(LIVENESS_TIMEOUT * 3, liveness.alive()).await;
+        assert_eq!(answer, Ok(false), "no answer within the timeout");
+        let took = started.elapsed();
+        assert!(took >= LIVENESS_TIMEOUT, "gave up after {took:?}");
+        drop(pongs);
+    }
+
+    #[tokio::test]
+    async fn a_loop_that_is_gone_is_not_alive() {
+        let (liveness, pongs) = liveness();
+        drop(pongs);
+        assert!(!liveness.alive().await);
+    }
+
+    #[tokio::test]
+    async fn a_loop_that_answers_is_alive_probe_after_probe() {
+        let (liveness, pongs) = liveness();
+        let _loop = answering(pongs);
+        for _ in 0..5 {
+            assert!(liveness.alive().await);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_probes_share_one_ping() {
+        let (liveness, mut pongs) = liveness();
+        // Many probes while the loop is busy (not reading pings).
+        let probes: Vec<_> = (0..50)
+            .map(|_| {
+                let liveness = liveness.clone();
+                tokio::spawn(async move { liveness.alive().await })
+            })
+            .collect();
+        // Each probe has taken its starting count and sent (or found) its ping.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The loop comes round: one ping is waiting, not fifty.
+        pongs.pings.recv().await.expect("a ping is waiting");
+        assert!(
+            matches!(
+                pongs.pings.try_recv(),
+                Err(mpsc::error::TryRecvError::Empty)
+            ),
+            "more than one ping was queued"
+        );
+        // One answer serves every probe.
+        pongs.answer();
+        for probe in probes {
+            assert!(
+                probe.await.unwrap(),
+                "a probe did not see the shared answer"
+            );
+        }
+    }
+}

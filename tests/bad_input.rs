@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 
 use common::pki::{self, Algorithm, Signer};
-use common::{Node, fingerprint_file, stderr};
+use common::{Node, fingerprint_file, require, stderr};
 use time::Duration;
 
 struct Case {
@@ -228,8 +228,7 @@ fn a_dir_source_with_a_bad_file_names_the_file() {
 
 #[test]
 fn an_unwritable_directory_exits_1_and_keeps_the_old_file() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: chattr +i needs root");
+    if !require(common::is_root(), "chattr +i needs root") {
         return;
     }
     let node = Node::new();
@@ -243,12 +242,10 @@ fn an_unwritable_directory_exits_1_and_keeps_the_old_file() {
     .unwrap();
 
     let dir = node.bundle_dir();
-    let immutable = std::process::Command::new("chattr")
-        .arg("+i")
-        .arg(&dir)
-        .status();
-    if !immutable.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: chattr +i is not supported on this filesystem");
+    if !require(
+        common::chattr("+i", &dir),
+        "chattr +i is not supported on this filesystem",
+    ) {
         return;
     }
     let _undo = Undo(dir.clone());

@@ -11,7 +11,7 @@ use time::Duration as Span;
 
 use common::daemon::{Agent, wait_until};
 use common::pki::{self, Algorithm, Signer};
-use common::{Node, fingerprint_file};
+use common::{KUBECONFIG_NOWHERE, Node, fingerprint_file, history_entries, require, sha256_hex};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -133,10 +133,19 @@ fn after_a_repair_the_daemon_goes_idle() {
     assert!(spent < 10, "{spent} ticks of CPU in 2 idle seconds");
 }
 
+/// Clears the immutable flag it was given when dropped, so that a failed assertion does not
+/// leave a directory the tempdir cannot remove.
+struct Immutable(std::path::PathBuf);
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        common::chattr("-i", &self.0);
+    }
+}
+
 #[test]
 fn a_failing_write_is_retried_with_backoff_and_converges() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: chattr +i needs root");
+    if !require(common::is_root(), "chattr +i needs root") {
         return;
     }
     let node = Node::new();
@@ -148,39 +157,77 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
     let agent = Agent::start(&node, &[&source], &[]);
     wait_until(5 * SECOND, || node.holds(a.pem()));
     agent.wait_listening();
-    let chattr = |flag: &str| {
-        std::process::Command::new("chattr")
-            .arg(flag)
-            .arg(node.bundle_dir())
-            .status()
-            .unwrap()
-            .success()
-    };
-    if !chattr("+i") {
-        eprintln!("skipped: chattr +i is not supported here");
+    agent.wait_metric(2 * SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
+    let before = fingerprint_file(&node.bundle());
+    if !require(
+        common::chattr("+i", &node.bundle_dir()),
+        "chattr +i is not supported here",
+    ) {
         return;
     }
+    let immutable = Immutable(node.bundle_dir());
+    let failures = |agent: &Agent| {
+        agent
+            .sample(
+                "kubelet_ca_sync_errors_total",
+                &[("reason", "permission_denied")],
+            )
+            .unwrap_or(0.0)
+    };
+    // The only event: the source changes. Nothing touches anything after this line until
+    // the flag is cleared, so every further attempt comes from the retry timer.
     fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
-    std::thread::sleep(3 * SECOND);
-    let errors = agent.metric("kubelet_ca_sync_errors_total{").unwrap_or(0.0);
-    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
-    chattr("-i");
-    // Tries at about 0, 1 and 3 s: a few, not hundreds.
-    assert!(
-        (1.0..=4.0).contains(&errors),
-        "{errors} failed writes in 3 s"
+    let first = agent.wait_sample(
+        2 * SECOND,
+        "kubelet_ca_sync_errors_total",
+        &[("reason", "permission_denied")],
+        |v| v >= 1.0,
     );
+    let failed_at = Instant::now();
+    agent.wait_metric(SECOND, "kubelet_ca_bundle_in_sync{", 0.0);
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
     assert_eq!(code, 503, "{verbose}");
     assert!(
         verbose.contains("[-]in-sync failed") && verbose.contains("Operation not permitted"),
         "{verbose}"
     );
+    // Retries at about 1 s and 3 s after the first failure: they happen with no event at
+    // all, and they are a few, not hundreds.
+    wait_until(5 * SECOND, || failures(&agent) > first);
+    std::thread::sleep(
+        (failed_at + Duration::from_millis(3500)).saturating_duration_since(Instant::now()),
+    );
+    let attempts = failures(&agent);
+    assert!(
+        (first + 1.0..=first + 3.0).contains(&attempts),
+        "{first} then {attempts} failed writes in 3.5 s"
+    );
+    assert_eq!(agent.metric("kubelet_ca_bundle_in_sync{"), Some(0.0));
     assert_eq!(
-        fs::read(node.bundle()).unwrap(),
-        a.pem().as_bytes(),
+        fingerprint_file(&node.bundle()),
+        before,
         "the old file is intact"
     );
+    // The metrics describe the file on disk, not the bundle that could not be written.
+    let on_disk = sha256_hex(a.pem().as_bytes());
+    assert_eq!(
+        agent.sample("kubelet_ca_bundle_info", &[("sha256", &on_disk)]),
+        Some(1.0)
+    );
+    assert_eq!(
+        agent.sample("x509_cert_not_after", &[("subject_CN", "b")]),
+        None
+    );
+    assert!(node.stray_files().is_empty(), "{:?}", node.stray_files());
+    drop(immutable);
+    // The next retry (at most 4 s away) finds the directory writable.
     wait_until(10 * SECOND, || node.holds(b.pem()));
+    agent.wait_metric(2 * SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200, "{verbose}");
+    let settled = failures(&agent);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(failures(&agent), settled, "failures after convergence");
 }
 
 #[test]
@@ -527,21 +574,246 @@ fn listen_must_be_loopback_for_insecure_metrics() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 }
 
-const KUBECONFIG_NOWHERE: &str = "apiVersion: v1
-kind: Config
-clusters:
-- name: nowhere
-  cluster:
-    server: https://127.0.0.1:1
-    insecure-skip-tls-verify: true
-users:
-- name: nobody
-  user:
-    token: not-a-real-token
-contexts:
-- name: nowhere
-  context:
-    cluster: nowhere
-    user: nobody
-current-context: nowhere
-";
+/// Replaces the bundle the way another tool would (write beside it, rename over it), so
+/// that the agent never sees it half-written.
+fn replace_behind_the_agents_back(node: &Node, content: &str) {
+    let staged = node.bundle_dir().join("someone-else.tmp");
+    fs::write(&staged, content).unwrap();
+    fs::rename(&staged, node.bundle()).unwrap();
+}
+
+#[test]
+fn run_keeps_each_replaced_bundle_in_history_mode_0600() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    let path_of = |s: &str| s.strip_prefix("file:").unwrap().to_string();
+    let source = node.source("signers.pem", a.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || node.holds(a.pem()));
+    agent.wait_listening();
+    // The first write replaced nothing: nothing to keep.
+    assert!(history_entries(&node.state_dir()).is_empty());
+
+    let both = a.pem() + &b.pem();
+    fs::write(path_of(&source), &both).unwrap();
+    wait_until(2 * SECOND, || node.holds(&both));
+    // History is written by the records thread, a moment after the rename.
+    wait_until(2 * SECOND, || history_entries(&node.state_dir()).len() == 1);
+    let (name, content, mode) = history_entries(&node.state_dir()).remove(0);
+    assert_eq!(
+        content,
+        a.pem().as_bytes(),
+        "history holds the replaced bundle"
+    );
+    assert_eq!(format!("{mode:o}"), "600", "{name}");
+    assert!(
+        name.ends_with(&format!("-{}.crt", sha256_hex(a.pem().as_bytes()))),
+        "{name}"
+    );
+
+    fs::write(path_of(&source), b.pem()).unwrap();
+    wait_until(2 * SECOND, || node.holds(b.pem()));
+    wait_until(2 * SECOND, || history_entries(&node.state_dir()).len() == 2);
+    let entries = history_entries(&node.state_dir());
+    // Names sort by their sequence number: the newest is last.
+    assert_eq!(entries[0].1, a.pem().as_bytes());
+    assert_eq!(entries[1].1, both.as_bytes());
+    assert!(entries.iter().all(|(_, _, mode)| *mode == 0o600));
+}
+
+#[test]
+fn what_a_repair_overwrites_is_not_history_even_a_valid_bundle() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    // Someone else's bundle: valid, current, just not what the sources say.
+    let foreign = pki::bundle_of(2, "foreign");
+    let source = node.source("signers.pem", a.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || node.holds(a.pem()));
+    agent.wait_listening();
+
+    replace_behind_the_agents_back(&node, &foreign);
+    wait_until(2 * SECOND, || node.holds(a.pem()));
+    agent.wait_metric(2 * SECOND, "kubelet_ca_repairs_total{", 1.0);
+
+    // A real rotation afterwards does keep history: the repair's absence below is not
+    // history being broken altogether.
+    fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
+    wait_until(2 * SECOND, || node.holds(b.pem()));
+    wait_until(2 * SECOND, || {
+        history_entries(&node.state_dir())
+            .iter()
+            .any(|(_, content, _)| content == a.pem().as_bytes())
+    });
+    // Give a late record the time to land before looking for what must not be there.
+    std::thread::sleep(Duration::from_millis(300));
+    let entries = history_entries(&node.state_dir());
+    assert!(
+        entries
+            .iter()
+            .all(|(_, content, _)| content != foreign.as_bytes()),
+        "the bundle a repair overwrote was saved: {:?}",
+        entries.iter().map(|(name, ..)| name).collect::<Vec<_>>()
+    );
+    assert_eq!(entries.len(), 1, "{entries:?}");
+}
+
+#[test]
+fn a_file_whose_every_certificate_expired_is_not_adopted_nor_restored() {
+    let node = Node::new();
+    let expired: String = (0..2)
+        .map(|i| {
+            Signer::valid_between(
+                &format!("expired-{i}"),
+                Algorithm::P256,
+                Span::days(-30),
+                Span::days(-1),
+            )
+            .pem()
+        })
+        .collect();
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), &expired).unwrap();
+    let kubeconfig = node.root().join("kubeconfig");
+    fs::write(&kubeconfig, KUBECONFIG_NOWHERE).unwrap();
+    let agent = Agent::start(
+        &node,
+        &["configmap:openshift-config-managed/kube-apiserver-client-ca"],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    agent.wait_listening();
+    let verbose = || agent.get("/readyz?verbose").unwrap();
+    // Wait for the source to be reported down: the start is over by then.
+    wait_until(5 * SECOND, || verbose().1.contains("[-]source:configmap:"));
+    let (code, body) = verbose();
+    assert_eq!(code, 503, "an expired bundle is not ready: {body}");
+    assert!(
+        body.contains("[-]bundle-valid failed: no certificate in the file is valid now"),
+        "{body}"
+    );
+    assert!(
+        !agent.log().contains("adopted the valid bundle"),
+        "{}",
+        agent.log()
+    );
+
+    // Not adopted, so not what a repair puts back while the cluster is unreachable.
+    fs::remove_file(node.bundle()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        fs::symlink_metadata(node.bundle()).is_err(),
+        "the expired bundle was restored"
+    );
+    assert_eq!(agent.get("/readyz").map(|(code, _)| code), Some(503));
+    assert!(agent.metric("kubelet_ca_writes_total{").unwrap_or(0.0) == 0.0);
+}
+
+#[test]
+fn a_bundle_is_never_built_from_the_sources_read_so_far() {
+    let node = Node::new();
+    let adopted = pki::bundle_of(2, "adopted");
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), &adopted).unwrap();
+    let before = fingerprint_file(&node.bundle());
+    let local = node.source("local.pem", Signer::new("local", Algorithm::P256).pem());
+    let kubeconfig = node.root().join("kubeconfig");
+    fs::write(&kubeconfig, KUBECONFIG_NOWHERE).unwrap();
+    let agent = Agent::start(
+        &node,
+        &[
+            &local,
+            "configmap:openshift-config-managed/kube-apiserver-client-ca",
+        ],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    agent.wait_listening();
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_source_up",
+        &[("source", &local)],
+        |v| v == 1.0,
+    );
+    wait_until(5 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    std::thread::sleep(SECOND);
+    assert!(
+        fingerprint_file(&node.bundle()) == before,
+        "a bundle built from the local source alone replaced the adopted one"
+    );
+
+    // The local source changes: still only one of two sources read.
+    let changed_at = agent
+        .sample(
+            "kubelet_ca_source_last_change_timestamp_seconds",
+            &[("source", &local)],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    fs::write(
+        local.strip_prefix("file:").unwrap(),
+        Signer::new("local-2", Algorithm::P256).pem(),
+    )
+    .unwrap();
+    agent.wait_sample(
+        2 * SECOND,
+        "kubelet_ca_source_last_change_timestamp_seconds",
+        &[("source", &local)],
+        |t| t > changed_at,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        fingerprint_file(&node.bundle()) == before,
+        "a bundle built from the changed local source alone replaced the adopted one"
+    );
+
+    // And a repair puts back the adopted bundle, not the local source's.
+    fs::remove_file(node.bundle()).unwrap();
+    wait_until(2 * SECOND, || node.holds(&adopted));
+    assert_eq!(agent.metric("kubelet_ca_bundle_in_sync{"), None);
+    assert_eq!(
+        agent.metric("kubelet_ca_last_sync_timestamp_seconds{"),
+        None
+    );
+}
+
+#[test]
+fn an_adopted_bundle_is_no_longer_restored_once_every_certificate_expired() {
+    let node = Node::new();
+    let brief = Signer::valid_between("brief", Algorithm::P256, Span::hours(-1), Span::seconds(4));
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), brief.pem()).unwrap();
+    let kubeconfig = node.root().join("kubeconfig");
+    fs::write(&kubeconfig, KUBECONFIG_NOWHERE).unwrap();
+    let agent = Agent::start(
+        &node,
+        &["configmap:openshift-config-managed/kube-apiserver-client-ca"],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    agent.wait_listening();
+    wait_until(3 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    // While it holds a certificate valid now, the adopted bundle is what a repair restores.
+    fs::remove_file(node.bundle()).unwrap();
+    wait_until(SECOND, || node.holds(brief.pem()));
+    // Its last certificate expires: readiness follows with no other event, and from then
+    // on a deleted file is not brought back with nothing valid in it.
+    wait_until(8 * SECOND, || {
+        agent.get("/readyz?verbose").is_some_and(|(code, body)| {
+            code == 503 && body.contains("no certificate in the file is valid now")
+        })
+    });
+    fs::remove_file(node.bundle()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        fs::symlink_metadata(node.bundle()).is_err(),
+        "an all-expired bundle was restored"
+    );
+}

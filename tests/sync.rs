@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::pki::{self, ALL_ALGORITHMS, Algorithm, Signer};
-use common::{Node, fingerprint_file, openssl_verifies, stderr, stdout};
+use common::{Node, fingerprint_file, openssl_verifies, require, stderr, stdout};
 use time::Duration;
 
 #[test]
@@ -436,8 +436,7 @@ fn usage_errors_exit_2_and_name_the_problem() {
 
 #[test]
 fn owner_of_the_replaced_file_is_kept_when_root() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root");
+    if !require(common::is_root(), "keeping the owner needs root") {
         return;
     }
     let node = Node::new();
@@ -462,8 +461,11 @@ fn selinux_label_of_the_replaced_file_is_kept() {
     let source = node.source("a.pem", pki::bundle_of(1, "one"));
     assert!(node.sync(&[&source], &[]).status.success());
     let label = b"system_u:object_r:kubernetes_file_t:s0\0";
-    if let Err(e) = xattr::set(node.bundle(), "security.selinux", label) {
-        eprintln!("skipped: cannot set security.selinux here ({e})");
+    let set = xattr::set(node.bundle(), "security.selinux", label);
+    if !require(
+        set.is_ok(),
+        &format!("cannot set security.selinux here ({set:?})"),
+    ) {
         return;
     }
     fs::write(
@@ -480,4 +482,61 @@ fn selinux_label_of_the_replaced_file_is_kept() {
 fn hex_sha256(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(bytes))
+}
+
+#[test]
+fn dry_run_can_be_set_from_the_environment_with_the_usual_boolean_spellings() {
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(1, "first"));
+    assert!(node.sync(&[&source], &[]).status.success());
+    let path = source.strip_prefix("file:").unwrap();
+    let sync_with = |value: &str| {
+        node.command("sync")
+            .arg("--source")
+            .arg(&source)
+            .env("KUBELET_CA_AGENT_DRY_RUN", value)
+            .output()
+            .unwrap()
+    };
+
+    fs::write(path, pki::bundle_of(1, "second")).unwrap();
+    let before = fingerprint_file(&node.bundle());
+    for value in ["1", "yes", "true", "TRUE", "on"] {
+        let out = sync_with(value);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "KUBELET_CA_AGENT_DRY_RUN={value}: {}",
+            stderr(&out)
+        );
+        let plan = stdout(&out);
+        assert!(
+            plan.contains("would add") && plan.contains("would change"),
+            "KUBELET_CA_AGENT_DRY_RUN={value}: {plan}"
+        );
+        assert_eq!(
+            fingerprint_file(&node.bundle()),
+            before,
+            "KUBELET_CA_AGENT_DRY_RUN={value} wrote the file"
+        );
+    }
+    // The other way round: these spellings mean a real sync.
+    for value in ["0", "no", "false"] {
+        let next = pki::bundle_of(1, &format!("when-{value}"));
+        fs::write(path, &next).unwrap();
+        let out = sync_with(value);
+        assert!(
+            out.status.success(),
+            "KUBELET_CA_AGENT_DRY_RUN={value}: {}",
+            stderr(&out)
+        );
+        assert!(
+            node.holds(&next),
+            "KUBELET_CA_AGENT_DRY_RUN={value} did not write: {}",
+            stdout(&out)
+        );
+    }
+    // Anything else is a usage error, not silently a real write.
+    let out = sync_with("maybe");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }

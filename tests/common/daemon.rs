@@ -122,6 +122,32 @@ impl Agent {
         wait_until(limit, || self.metric(prefix).is_some_and(|v| v == value));
     }
 
+    /// The value of the sample of metric `name` (exactly that name) whose labels include
+    /// every `(label, value)` pair in `labels`; None when no such series is exposed.
+    pub fn sample(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        samples(&body, name)
+            .into_iter()
+            .find(|s| s.has(labels))
+            .map(|s| s.value)
+    }
+
+    /// Waits until the sample of `name` with `labels` satisfies `check`; returns its value.
+    pub fn wait_sample(
+        &self,
+        limit: Duration,
+        name: &str,
+        labels: &[(&str, &str)],
+        check: impl Fn(f64) -> bool,
+    ) -> f64 {
+        let mut value = None;
+        wait_until(limit, || {
+            value = self.sample(name, labels);
+            value.is_some_and(&check)
+        });
+        value.unwrap()
+    }
+
     /// Waits until the HTTP endpoint answers.
     pub fn wait_listening(&self) {
         wait_until(Duration::from_secs(10), || self.get("/livez").is_some());
@@ -215,4 +241,71 @@ pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool 
         std::thread::sleep(Duration::from_millis(5));
     }
     true
+}
+
+/// One sample of the Prometheus text exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `name`.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// True when every `(label, value)` pair is among the labels.
+    pub fn has(&self, labels: &[(&str, &str)]) -> bool {
+        labels.iter().all(|(k, v)| self.label(k) == Some(v))
+    }
+}
+
+/// Every sample of metric `name` (exactly that name, not a prefix) in a text exposition.
+/// Label values are unescaped (`\\`, `\"`, `\n`).
+pub fn samples(body: &str, name: &str) -> Vec<Sample> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (labels, rest) = match rest.strip_prefix('{') {
+                Some(inner) => parse_labels(inner)?,
+                None if rest.starts_with(' ') => (Vec::new(), rest),
+                None => return None,
+            };
+            let value = rest.split_whitespace().next()?.parse().ok()?;
+            Some(Sample { labels, value })
+        })
+        .collect()
+}
+
+/// Parses `k="v",k2="v2"}` and returns the labels and what follows the `}`.
+fn parse_labels(mut s: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut labels = Vec::new();
+    loop {
+        s = s.trim_start_matches(',');
+        if let Some(rest) = s.strip_prefix('}') {
+            return Some((labels, rest));
+        }
+        let (key, rest) = s.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => break i,
+                c => value.push(c),
+            }
+        };
+        labels.push((key.to_string(), value));
+        s = &rest[end + 1..];
+    }
 }

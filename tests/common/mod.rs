@@ -127,3 +127,91 @@ pub fn openssl_verifies(bundle: &Path, cert_pem: &str) -> bool {
         .expect("openssl is installed");
     out.status.success()
 }
+
+/// True when running in CI (`CI` set to anything but empty, `0` or `false`): there a test
+/// whose prerequisite is missing fails instead of skipping, so that a suite that is green
+/// in CI has really run every test.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// A test's prerequisite: true when `cond` holds. Otherwise, in CI ([`in_ci`]) the test
+/// fails naming `why`; elsewhere it prints `skipped: <why>` and the caller returns.
+///
+/// ```ignore
+/// if !require(is_root(), "chattr +i needs root") {
+///     return;
+/// }
+/// ```
+pub fn require(cond: bool, why: &str) -> bool {
+    if !cond {
+        assert!(
+            !in_ci(),
+            "prerequisite missing in CI (CI is set, so this test may not skip): {why}"
+        );
+        eprintln!("skipped: {why}");
+    }
+    cond
+}
+
+/// The tests run as root (chattr, chown, security.* attributes).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// `chattr <flag> <path>` (`+i`, `-i`); true when it succeeded.
+pub fn chattr(flag: &str, path: &Path) -> bool {
+    Command::new("chattr")
+        .arg(flag)
+        .arg(path)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Hex SHA-256 of `bytes`, as the agent names bundles (metrics, history, records).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The history entries under `<state-dir>/history/`: (file name, content, mode). A
+/// hidden file there is an entry being written (the agent's temporary file), not yet one.
+pub fn history_entries(state_dir: &Path) -> Vec<(String, Vec<u8>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(dir) = fs::read_dir(state_dir.join("history")) else {
+        return Vec::new();
+    };
+    let mut entries: Vec<_> = dir
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                return None;
+            }
+            let mode = fs::symlink_metadata(e.path()).ok()?.permissions().mode() & 0o7777;
+            Some((name, fs::read(e.path()).ok()?, mode))
+        })
+        .collect();
+    entries.sort();
+    entries
+}
+
+/// A kubeconfig whose API server refuses connections: a cluster source that is never read.
+pub const KUBECONFIG_NOWHERE: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster:
+    server: https://127.0.0.1:1
+    insecure-skip-tls-verify: true
+users:
+- name: nobody
+  user:
+    token: not-a-real-token
+contexts:
+- name: nowhere
+  context:
+    cluster: nowhere
+    user: nobody
+current-context: nowhere
+";
