@@ -19,6 +19,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::cli::{RunArgs, ServerArgs};
@@ -58,7 +59,10 @@ fn check_listen(args: &RunArgs) -> Result<(), UsageError> {
 /// The endpoint's TLS and what guards `/metrics`, from the SERVER flags. TLS is served
 /// with the given certificate, or with an in-memory self-signed one off loopback (or when
 /// client certificates are asked for); plain HTTP only on loopback.
-pub fn guard(server: &ServerArgs) -> Result<(Option<Arc<Tls>>, Arc<Guard>), UsageError> {
+pub fn guard(
+    server: &ServerArgs,
+    bundle: &Path,
+) -> Result<(Option<Arc<Tls>>, Arc<Guard>), UsageError> {
     let loopback = server.listen.ip().is_loopback();
     let serving = server
         .tls_cert_file
@@ -71,6 +75,10 @@ pub fn guard(server: &ServerArgs) -> Result<(Option<Arc<Tls>>, Arc<Guard>), Usag
         let settings = tls::Settings {
             serving,
             client_ca: server.client_ca_file.clone(),
+            client_ca_is_bundle: server
+                .client_ca_file
+                .as_deref()
+                .is_some_and(|ca| same_path(ca, bundle)),
             min_version: server.tls_min_version,
         };
         let mut names = vec![server.listen.ip().to_string()];
@@ -113,6 +121,12 @@ pub fn guard(server: &ServerArgs) -> Result<(Option<Arc<Tls>>, Arc<Guard>), Usag
         authorization,
     };
     Ok((tls, Arc::new(guard)))
+}
+
+/// Whether two paths name the same file, as given (made absolute, not resolved).
+fn same_path(a: &Path, b: &Path) -> bool {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    absolute(a) == absolute(b)
 }
 
 /// Reloads the TLS configuration when its files change, and, when the client CA is the
@@ -168,7 +182,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
     // Listen first: a port in use is a configuration error, and health answers early.
-    let (tls, guard) = guard(&args.server)?;
+    let (tls, guard) = guard(&args.server, &args.common.bundle)?;
     let listener = bind(args.server.listen).await?;
     let registry = metrics::registry(metrics.clone(), status_rx.clone(), node.as_deref());
     let router = server::router(status_rx.clone(), registry, liveness, guard);

@@ -32,14 +32,17 @@ pub struct Settings {
     /// `--tls-cert-file` and `--tls-private-key-file`; `None`: a self-signed certificate.
     pub serving: Option<(PathBuf, PathBuf)>,
     pub client_ca: Option<PathBuf>,
+    /// The client CA is the managed bundle: until the agent has written it, its absence
+    /// refuses client certificates (with the reason) rather than stopping the agent.
+    pub client_ca_is_bundle: bool,
     pub min_version: TlsVersion,
 }
 
 /// One generation of the configuration.
 pub struct Generation {
     pub config: Arc<ServerConfig>,
-    /// The client CA, to check each request's certificate against.
-    clients: Option<Arc<dyn ClientCertVerifier>>,
+    /// The client CA, to check each request's certificate against; or why there is none.
+    clients: Result<Arc<dyn ClientCertVerifier>, String>,
     /// How many certificates the client CA holds, for the log.
     pub client_cas: usize,
 }
@@ -49,9 +52,7 @@ impl Generation {
     /// the groups. `Err` says why it proves nothing (no client CA, an unknown signer,
     /// expired, ...), in words safe to show the client.
     pub fn identify(&self, chain: &[CertificateDer<'static>]) -> Result<Identity, String> {
-        let Some(verifier) = &self.clients else {
-            return Err("client certificates are not accepted here (no --client-ca-file)".into());
-        };
+        let verifier = self.clients.as_ref().map_err(Clone::clone)?;
         let (end_entity, intermediates) = chain.split_first().ok_or("no client certificate")?;
         verifier
             .verify_client_cert(end_entity, intermediates, UnixTime::now())
@@ -143,22 +144,28 @@ fn build(
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
         .context("the TLS protocol versions")?;
-    let (builder, clients, client_cas) = match &settings.client_ca {
-        Some(path) => {
-            let roots = read_roots(path)?;
+    let roots = settings.client_ca.as_deref().map(read_roots);
+    let (builder, clients, client_cas) = match roots {
+        Some(Ok(roots)) => {
             let count = roots.len();
             let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                 .allow_unauthenticated()
                 .build()
-                .with_context(|| format!("--client-ca-file {}", path.display()))?;
+                .context("the client CA")?;
             let lenient = Arc::new(Lenient(inner.clone()));
-            (
-                builder.with_client_cert_verifier(lenient),
-                Some(inner),
-                count,
-            )
+            (builder.with_client_cert_verifier(lenient), Ok(inner), count)
         }
-        None => (builder.with_no_client_auth(), None, 0),
+        Some(Err(e)) if settings.client_ca_is_bundle => {
+            tracing::warn!("client certificates are refused until the bundle is written: {e:#}");
+            let why = format!("the client CA is not usable yet: {e:#}");
+            (builder.with_no_client_auth(), Err(why), 0)
+        }
+        Some(Err(e)) => return Err(e),
+        None => (
+            builder.with_no_client_auth(),
+            Err("client certificates are not accepted here (no --client-ca-file)".to_string()),
+            0,
+        ),
     };
     let mut config = builder
         .with_single_cert(chain, key)
