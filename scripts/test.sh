@@ -10,6 +10,7 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v chattr >/dev/null || need+=(e2fsprogs)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v strace >/dev/null || need+=(strace)
+command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -155,12 +155,63 @@ pub struct ServerArgs {
         default_value = "127.0.0.1:9745"
     )]
     pub listen: std::net::SocketAddr,
+    /// Serving certificate (PEM, with its chain) for the endpoint; reloaded when it changes.
+    /// Without it: plain HTTP on a loopback address, else an in-memory self-signed
+    /// certificate (with a warning).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_CA_AGENT_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The serving certificate's private key (PEM); reloaded when it changes.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_CA_AGENT_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// The lowest TLS version accepted.
+    #[arg(long, value_name = "1.2|1.3", env = "KUBELET_CA_AGENT_TLS_MIN_VERSION", value_enum, default_value_t = TlsVersion::V1_2)]
+    pub tls_min_version: TlsVersion,
+    /// Verify client certificates against this CA bundle (mutual TLS): a certificate's CN is
+    /// its user, its O values its groups. Reloaded when the file changes; it may be the
+    /// managed bundle itself, reloaded right after each of the agent's own writes.
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Users allowed to read /metrics (comma-separated), checked locally with no API call.
+    #[arg(
+        long,
+        value_name = "LIST",
+        env = "KUBELET_CA_AGENT_AUTHORIZED_USERS",
+        value_delimiter = ','
+    )]
+    pub authorized_users: Vec<String>,
+    /// Groups allowed to read /metrics (comma-separated), checked locally with no API call.
+    #[arg(
+        long,
+        value_name = "LIST",
+        env = "KUBELET_CA_AGENT_AUTHORIZED_GROUPS",
+        value_delimiter = ','
+    )]
+    pub authorized_groups: Vec<String>,
     /// Serve /metrics without TLS or authentication; only allowed on a loopback address.
     #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS", value_parser = BoolishValueParser::new())]
     pub insecure_metrics: bool,
     /// This node's name, shown in logs and as the `node` label of kubelet_ca_agent_build_info.
     #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_NODE_NAME")]
     pub node_name: Option<String>,
+}
+
+/// `--tls-min-version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsVersion {
+    #[value(name = "1.2")]
+    V1_2,
+    #[value(name = "1.3")]
+    V1_3,
 }
 
 #[derive(Debug, Args)]

@@ -1,24 +1,39 @@
 //! The HTTP endpoint: `/livez` and `/healthz` (the reconciliation loop answers a ping;
-//! concurrent probes share one answer),
-//! `/readyz` (from the loop's status, `?verbose` lists each check), and `/metrics`. Health
-//! paths need no authentication. `/metrics` is served only with `--insecure-metrics` (on
-//! loopback) until TLS client authentication is configured; otherwise it answers 401.
+//! concurrent probes share one answer), `/readyz` (from the loop's status, `?verbose` lists
+//! each check), and `/metrics`. Health paths need no authentication. `/metrics` needs an
+//! authenticated, authorized identity (a client certificate, [`tls`], checked against the
+//! allow-list, [`auth`]), unless `--insecure-metrics` (loopback only) turns that off.
+//!
+//! Each connection is a task of its own with a deadline on the TLS handshake and on every
+//! request's headers, and a bound on their size: a silent or slow client is dropped, and
+//! any number of idle connections cost a task each, never a place in a queue that a scrape
+//! or a probe would wait behind.
 
-use std::net::SocketAddr;
+pub mod auth;
+pub mod tls;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Extension, Router};
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
+use rustls::pki_types::CertificateDer;
 use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
 
 use crate::daemon::status::StatusRx;
 use crate::metrics;
 use crate::text::escape;
+use auth::Authorization;
+use tls::Tls;
 
 /// How long a liveness probe waits for the loop to answer.
 const LIVENESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -82,20 +97,43 @@ struct App {
     status: StatusRx,
     registry: Arc<Registry>,
     liveness: Liveness,
-    insecure_metrics: bool,
+    guard: Arc<Guard>,
 }
+
+/// What stands between a client and `/metrics`.
+pub struct Guard {
+    /// `--insecure-metrics`: no authentication at all (loopback only).
+    pub insecure: bool,
+    /// The TLS configuration, whose current client CA authenticates certificates.
+    pub tls: Option<Arc<Tls>>,
+    pub authorization: Authorization,
+}
+
+/// What a connection brought with it: the client's certificate chain, if any.
+#[derive(Clone, Default)]
+struct Peer {
+    chain: Arc<Vec<CertificateDer<'static>>>,
+}
+
+/// A TLS handshake must be done within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each request's headers must arrive within this, counted from when the connection is
+/// ready for them (so an idle keep-alive connection is closed after it too).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Request headers larger than this are refused (hyper's smallest allowed buffer is 8 KiB).
+const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 pub fn router(
     status: StatusRx,
     registry: Registry,
     liveness: Liveness,
-    insecure_metrics: bool,
+    guard: Arc<Guard>,
 ) -> Router {
     let app = App {
         status,
         registry: Arc::new(registry),
         liveness,
-        insecure_metrics,
+        guard,
     };
     Router::new()
         .route("/livez", get(live))
@@ -105,14 +143,64 @@ pub fn router(
         .with_state(app)
 }
 
-pub async fn serve(listener: tokio::net::TcpListener, router: Router) {
-    if let Err(e) = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await
-    {
-        tracing::error!(error = %e, "the HTTP server stopped");
+/// Accepts connections until the process ends, each served by a task of its own.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router, tls: Option<Arc<Tls>>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most likely: let connections close, then go on.
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (router, tls) = (router.clone(), tls.clone());
+        tokio::spawn(async move {
+            let Some(tls) = tls else {
+                return serve_connection(stream, router, Peer::default()).await;
+            };
+            let acceptor = TlsAcceptor::from(tls.current().config.clone());
+            let stream =
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    // A failed or abandoned handshake: nothing to answer.
+                    Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!("TLS handshake timed out"),
+                };
+            let chain = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default();
+            serve_connection(
+                stream,
+                router,
+                Peer {
+                    chain: Arc::new(chain),
+                },
+            )
+            .await
+        });
+    }
+}
+
+async fn serve_connection<I>(io: I, router: Router, peer: Peer)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(peer.clone());
+        router.clone().oneshot(request)
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES);
+    if let Err(e) = http.serve_connection(TokioIo::new(io), service).await {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 
@@ -158,13 +246,42 @@ async fn ready(
     (code, body).into_response()
 }
 
-async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response {
-    if !app.insecure_metrics {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized: no client authentication is configured; use --insecure-metrics on a loopback address\n",
-        )
-            .into_response();
+/// Why `/metrics` refuses a request: 401 for who, 403 for may not.
+fn refuse(code: StatusCode, why: &str) -> Response {
+    (
+        code,
+        format!(
+            "{}: {}\n",
+            code.canonical_reason().unwrap_or(""),
+            escape(why)
+        ),
+    )
+        .into_response()
+}
+
+async fn metrics_handler(
+    State(app): State<App>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+) -> Response {
+    if !app.guard.insecure {
+        let chain = peer.map(|Extension(p)| p.chain).unwrap_or_default();
+        let identity = match (&app.guard.tls, chain.is_empty()) {
+            (Some(tls), false) => tls.current().identify(&chain),
+            (Some(_), true) => Err("no client certificate".to_string()),
+            (None, _) => Err("no client authentication is configured (serve TLS with --client-ca-file, or use --insecure-metrics on a loopback address)".to_string()),
+        };
+        let identity = match identity {
+            Ok(identity) => identity,
+            Err(why) => return refuse(StatusCode::UNAUTHORIZED, &why),
+        };
+        if !app.guard.authorization.allows(&identity) {
+            let why = format!(
+                "user {:?} (groups {:?}) may not read /metrics",
+                identity.user, identity.groups
+            );
+            return refuse(StatusCode::FORBIDDEN, &why);
+        }
     }
     let openmetrics = metrics::encode_openmetrics(&app.registry);
     let wants_openmetrics = headers

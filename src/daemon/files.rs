@@ -43,6 +43,9 @@ pub enum FsEvent {
     Rescan,
     /// `None` when every directory is watched; otherwise what is not, and why.
     Health(Option<String>),
+    /// A file of the endpoint's TLS configuration (serving certificate, key, client CA)
+    /// changed. Sent to the server's reloader, not to the loop.
+    Tls,
 }
 
 /// The directories to watch and what their entries mean.
@@ -50,6 +53,8 @@ pub enum FsEvent {
 pub struct Plan {
     bundle: PathBuf,
     sources: Vec<(usize, SourceWatch)>,
+    /// The endpoint's TLS files.
+    tls: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -88,7 +93,17 @@ impl Plan {
         Plan {
             bundle: absolute(bundle),
             sources,
+            tls: Vec::new(),
         }
+    }
+
+    /// Also watch the endpoint's TLS files.
+    pub fn with_tls_files(mut self, files: &[PathBuf]) -> Plan {
+        self.tls = files
+            .iter()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .collect();
+        self
     }
 
     /// Each directory whose entries matter, with what it is for.
@@ -107,6 +122,10 @@ impl Plan {
             };
             dirs.entry(dir.clone())
                 .or_insert_with(|| format!("the directory of the {what}"));
+        }
+        for file in &self.tls {
+            dirs.entry(parent_dir(file))
+                .or_insert_with(|| format!("the directory of the TLS file {}", file.display()));
         }
         dirs
     }
@@ -182,11 +201,18 @@ struct Watcher {
     watched: BTreeMap<PathBuf, Watched>,
     paths: HashMap<WatchDescriptor, PathBuf>,
     events: UnboundedSender<FsEvent>,
+    /// Where [`FsEvent::Tls`] goes.
+    tls_events: Option<UnboundedSender<()>>,
     health: Option<Option<String>>,
 }
 
-/// Watches until the receiving end of `events` is dropped.
-pub async fn run(plan: Plan, events: UnboundedSender<FsEvent>) {
+/// Watches until the receiving end of `events` is dropped; TLS file changes go to
+/// `tls_events`.
+pub async fn run(
+    plan: Plan,
+    events: UnboundedSender<FsEvent>,
+    tls_events: Option<UnboundedSender<()>>,
+) {
     let roles = plan.dirs();
     let mut wanted: BTreeMap<PathBuf, WatchMask> = BTreeMap::new();
     for dir in roles.keys() {
@@ -204,6 +230,7 @@ pub async fn run(plan: Plan, events: UnboundedSender<FsEvent>) {
         watched: BTreeMap::new(),
         paths: HashMap::new(),
         events,
+        tls_events,
         health: None,
     };
     loop {
@@ -283,7 +310,15 @@ impl Watcher {
     }
 
     fn send(&self, event: FsEvent) {
-        let _ = self.events.send(event);
+        match (event, &self.tls_events) {
+            (FsEvent::Tls, Some(tls)) => {
+                let _ = tls.send(());
+            }
+            (FsEvent::Tls, None) => {}
+            (event, _) => {
+                let _ = self.events.send(event);
+            }
+        }
     }
 
     /// Makes each watch point at the directory now at its path; re-established watches

@@ -18,12 +18,20 @@ use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
-use crate::cli::RunArgs;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cli::{RunArgs, ServerArgs};
 use crate::error::{Exit, UsageError};
 use crate::metrics::{self, Metrics};
 use crate::server;
+use crate::server::Guard;
+use crate::server::auth::Authorization;
+use crate::server::tls::{self, Tls};
 use crate::source::cluster;
 use reconciler::{Inputs, Reconciler};
+use status::StatusRx;
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     check_listen(&args)?;
@@ -40,15 +48,122 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
 
 fn check_listen(args: &RunArgs) -> Result<(), UsageError> {
     let listen = args.server.listen;
-    if !listen.ip().is_loopback() {
-        let why = if args.server.insecure_metrics {
-            "--insecure-metrics is only allowed on a loopback address"
-        } else {
-            "serving on a non-loopback address needs TLS, which this version does not have yet; use a loopback address"
-        };
-        return Err(UsageError(format!("--listen {listen}: {why}")));
+    if args.server.insecure_metrics && !listen.ip().is_loopback() {
+        return Err(UsageError(format!(
+            "--listen {listen}: --insecure-metrics is only allowed on a loopback address"
+        )));
     }
     Ok(())
+}
+
+/// The endpoint's TLS and what guards `/metrics`, from the SERVER flags. TLS is served
+/// with the given certificate, or with an in-memory self-signed one off loopback (or when
+/// client certificates are asked for); plain HTTP only on loopback.
+pub fn guard(
+    server: &ServerArgs,
+    bundle: &Path,
+) -> Result<(Option<Arc<Tls>>, Arc<Guard>), UsageError> {
+    let loopback = server.listen.ip().is_loopback();
+    let serving = server
+        .tls_cert_file
+        .clone()
+        .zip(server.tls_private_key_file.clone());
+    let tls = if serving.is_some() || !loopback || server.client_ca_file.is_some() {
+        if serving.is_none() {
+            tracing::warn!(listen = %server.listen, "no --tls-cert-file: serving TLS with an in-memory self-signed certificate; scrapers must skip verification or pin it");
+        }
+        let settings = tls::Settings {
+            serving,
+            client_ca: server.client_ca_file.clone(),
+            client_ca_is_bundle: server
+                .client_ca_file
+                .as_deref()
+                .is_some_and(|ca| same_path(ca, bundle)),
+            min_version: server.tls_min_version,
+        };
+        let mut names = vec![server.listen.ip().to_string()];
+        names.extend(server.node_name.clone());
+        let tls = Tls::load(settings, &names).map_err(|e| UsageError(format!("{e:#}")))?;
+        Some(Arc::new(tls))
+    } else {
+        None
+    };
+    let users: BTreeSet<String> = server
+        .authorized_users
+        .iter()
+        .filter(|u| !u.is_empty())
+        .cloned()
+        .collect();
+    let groups: BTreeSet<String> = server
+        .authorized_groups
+        .iter()
+        .filter(|g| !g.is_empty())
+        .cloned()
+        .collect();
+    let authorization = if users.is_empty() && groups.is_empty() {
+        if !server.insecure_metrics && server.client_ca_file.is_some() {
+            tracing::warn!(
+                "no --authorized-users or --authorized-groups: any client with a certificate from --client-ca-file may read /metrics"
+            );
+        }
+        Authorization::AnyAuthenticated
+    } else {
+        Authorization::AllowList { users, groups }
+    };
+    if !server.insecure_metrics && server.client_ca_file.is_none() {
+        tracing::warn!(
+            "no --client-ca-file: /metrics answers 401 to everyone (use --client-ca-file, or --insecure-metrics on a loopback address)"
+        );
+    }
+    let guard = Guard {
+        insecure: server.insecure_metrics,
+        tls: tls.clone(),
+        authorization,
+    };
+    Ok((tls, Arc::new(guard)))
+}
+
+/// Whether two paths name the same file, as given (made absolute, not resolved).
+fn same_path(a: &Path, b: &Path) -> bool {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    absolute(a) == absolute(b)
+}
+
+/// Reloads the TLS configuration when its files change, and, when the client CA is the
+/// managed bundle, right after each change of the bundle the loop publishes (its own
+/// writes included), so a client of a new signer is accepted at once.
+async fn reload_tls(
+    tls: Arc<Tls>,
+    mut files: mpsc::UnboundedReceiver<()>,
+    mut status: StatusRx,
+    follows_bundle: bool,
+) {
+    let mut seen = status.borrow().sha256.clone();
+    loop {
+        tokio::select! {
+            event = files.recv() => {
+                if event.is_none() {
+                    return;
+                }
+                // A writer's create+write+close or a cert and key replaced together: one reload.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                while files.try_recv().is_ok() {}
+            }
+            changed = status.changed(), if follows_bundle => {
+                if changed.is_err() {
+                    return;
+                }
+                let now = status.borrow_and_update().sha256.clone();
+                if now.is_none() || now == seen {
+                    continue;
+                }
+                seen = now;
+            }
+        }
+        if let Err(e) = tls.reload() {
+            tracing::warn!("keeping the previous TLS configuration: {e:#}");
+        }
+    }
 }
 
 async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
@@ -67,20 +182,33 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
     // Listen first: a port in use is a configuration error, and health answers early.
+    let (tls, guard) = guard(&args.server, &args.common.bundle)?;
     let listener = bind(args.server.listen).await?;
     let registry = metrics::registry(metrics.clone(), status_rx.clone(), node.as_deref());
-    let router = server::router(status_rx, registry, liveness, args.server.insecure_metrics);
-    tokio::spawn(server::serve(listener, router));
+    let router = server::router(status_rx.clone(), registry, liveness, guard);
+    tokio::spawn(server::serve(listener, router, tls.clone()));
 
     // A directory that does not exist at start is a configuration error; later, one that
     // goes away is watched for until it is back.
-    let plan = files::Plan::new(&args.common.bundle, &args.common.sources);
+    let tls_files = tls.as_ref().map(|t| t.files()).unwrap_or_default();
+    let plan =
+        files::Plan::new(&args.common.bundle, &args.common.sources).with_tls_files(&tls_files);
     for (dir, role) in plan.dirs() {
         if !dir.is_dir() {
             return Err(UsageError(format!("{} does not exist ({role})", dir.display())).into());
         }
     }
-    tokio::spawn(files::run(plan, fs_tx));
+    let tls_events = tls.clone().map(|tls| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let absolute =
+            |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let follows_bundle = tls
+            .client_ca()
+            .is_some_and(|ca| absolute(ca) == absolute(&args.common.bundle));
+        tokio::spawn(reload_tls(tls, rx, status_rx.clone(), follows_bundle));
+        tx
+    });
+    tokio::spawn(files::run(plan, fs_tx, tls_events));
 
     let sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;

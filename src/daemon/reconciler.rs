@@ -478,6 +478,8 @@ impl Reconciler {
                 self.file_watch = problem;
                 return true;
             }
+            // The server's, never sent here.
+            FsEvent::Tls => {}
         }
         false
     }

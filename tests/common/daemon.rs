@@ -69,7 +69,8 @@ impl Agent {
             .env("KUBELET_CA_AGENT_STATE_DIR", node.state_dir())
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
-            .arg("--insecure-metrics")
+            // In the environment, so that a test of the secured endpoint can remove it.
+            .env("KUBELET_CA_AGENT_INSECURE_METRICS", "true")
             .env_remove("RUST_LOG")
             .env_remove("NOTIFY_SOCKET")
             .env_remove("KUBECONFIG")

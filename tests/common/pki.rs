@@ -115,6 +115,50 @@ impl Signer {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A client certificate for user `cn` in `groups` (its O values), valid from `now + from`
+    /// to `now + to`; (cert, key) PEM.
+    pub fn issue_client_with(
+        &self,
+        cn: &str,
+        groups: &[&str],
+        from: Duration,
+        to: Duration,
+    ) -> (String, String) {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        for group in groups {
+            dn.push(DnType::OrganizationName, *group);
+        }
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now + from;
+        params.not_after = now + to;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A serving certificate for `names` (DNS names or IP addresses); (cert, key) PEM.
+    pub fn issue_server(&self, names: &[&str]) -> (String, String) {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name = name(names[0], None);
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::hours(1);
+        params.not_after = now + Duration::days(30);
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// The signer's private key, PEM: to feed as a bad input.
     pub fn key_pem(&self) -> String {
         self.issuer.key().serialize_pem()
