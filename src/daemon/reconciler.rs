@@ -157,6 +157,9 @@ enum Action {
     },
 }
 
+/// Why a pass waits while a failed write's retry is due later.
+const WRITE_RETRY_WAIT: &str = "the last write failed; retrying with backoff";
+
 /// The policy of a pass: repair drift at once but back off from a writer that keeps
 /// fighting, retry a failed write with backoff (a new bundle at once), and never touch a
 /// file that already holds the goal as it should.
@@ -185,7 +188,7 @@ fn decide(facts: &Facts, repair: &Backoff, write_retry: &Backoff, now: Instant) 
     {
         return Action::Wait {
             until,
-            problem: "the last write failed; retrying with backoff",
+            problem: WRITE_RETRY_WAIT,
         };
     }
     Action::Write { repair: is_repair }
@@ -227,6 +230,8 @@ pub struct Reconciler {
     owner: Option<(u32, u32)>,
     /// The bundle whose last write failed: only its retries wait for the backoff.
     write_failed: Option<Fingerprint>,
+    /// Why that write failed, for health while the retry waits.
+    write_error: Option<String>,
     /// What was last handed to the records (bundle, retention memory), so that an
     /// unchanged state is not recorded again.
     recorded: Option<RecordedState>,
@@ -314,6 +319,7 @@ impl Reconciler {
             is_root: nix::unistd::geteuid().is_root(),
             owner: None,
             write_failed: None,
+            write_error: None,
             recorded: None,
             pending_since: None,
             recheck_at: None,
@@ -639,7 +645,16 @@ impl Reconciler {
             }
             Action::Wait { until, problem } => {
                 self.retry_at = Some(until);
-                self.publish((&on_disk).into(), Some(false), Some(problem.into()));
+                // While a failed write waits for its retry, health keeps saying why it failed.
+                let problem = match &self.write_error {
+                    Some(error)
+                        if self.write_failed == Some(sha256) && problem == WRITE_RETRY_WAIT =>
+                    {
+                        format!("{error}; retrying with backoff")
+                    }
+                    _ => problem.to_string(),
+                };
+                self.publish((&on_disk).into(), Some(false), Some(problem));
             }
             Action::RepairAttributes => {
                 let stat: Stat = *on_disk
@@ -730,6 +745,7 @@ impl Reconciler {
                 }
                 self.owner = owner;
                 self.write_failed = None;
+                self.write_error = None;
                 self.write_retry.clear();
                 self.in_sync(sha256);
                 self.publish(Seen::Regular(&goal), self.in_sync_state(), None);
@@ -740,6 +756,7 @@ impl Reconciler {
                     self.write_retry.clear();
                 }
                 self.write_failed = Some(sha256);
+                self.write_error = Some(e.to_string());
                 self.write_retry
                     .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
                 self.retry_at = self.write_retry.until;
