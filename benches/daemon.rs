@@ -39,6 +39,8 @@
 
 #[path = "../tests/common/apiserver.rs"]
 mod apiserver;
+#[path = "support/clock.rs"]
+mod clock;
 #[path = "support/report.rs"]
 mod report;
 #[path = "support/signers.rs"]
@@ -197,8 +199,7 @@ impl Agent {
         status_kib(self.pid(), "VmHWM:") as f64 / 1024.0
     }
 
-    /// CPU time of the whole process (every thread, exited ones too), from the kernel's CPU
-    /// clock of the process: nanoseconds, where /proc/PID/stat counts 10 ms ticks.
+    /// CPU time of the whole process (every thread, exited ones too).
     fn cpu_time(&self) -> Duration {
         process_cpu_time(self.pid())
     }
@@ -268,30 +269,11 @@ fn status_kib(pid: u32, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-#[repr(C)]
-struct Timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-unsafe extern "C" {
-    fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
-}
-
-/// The CPU time of process `pid` from its process CPU clock (the id that
-/// clock_getcpuclockid(3) returns on Linux: `(~pid << 3) | CPUCLOCK_SCHED`), the sum over
-/// all its threads, exited ones included. Falls back on /proc/PID/stat (10 ms ticks).
+/// CPU time of process `pid` from its process CPU clock (all its threads, exited ones
+/// included, to the nanosecond); else from /proc/PID/stat (10 ms ticks).
 fn process_cpu_time(pid: u32) -> Duration {
-    const CPUCLOCK_SCHED: i32 = 2;
-    let clock = (!(pid as i32) << 3) | CPUCLOCK_SCHED;
-    let mut time = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `time` is a valid, writable timespec (64-bit time_t and long on the 64-bit
-    // Linux targets this benchmark runs on); the call only writes it.
-    if unsafe { clock_gettime(clock, &mut time) } == 0 {
-        return Duration::new(time.tv_sec as u64, time.tv_nsec as u32);
+    if let Some(time) = clock::process(pid) {
+        return time;
     }
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();

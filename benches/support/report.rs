@@ -60,6 +60,8 @@ impl Table {
         println!();
         println!("## {}", self.title);
         println!();
+        println!("{}", machine());
+        println!();
         line(header);
         line(width.map(|w| "-".repeat(w)).each_ref().map(String::as_str));
         for row in &self.rows {
@@ -77,4 +79,41 @@ pub fn ms(d: Duration) -> String {
 pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
     samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// The machine the figures come from: cores, CPU model, kernel, the filesystem of the
+/// temporary directory (where the benchmarks write), load average at the end.
+pub fn machine() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map_or("unknown CPU", |(_, model)| model.trim());
+    let kernel = read("/proc/sys/kernel/osrelease");
+    let temp = std::env::temp_dir()
+        .canonicalize()
+        .unwrap_or_else(|_| std::env::temp_dir());
+    // mountinfo: "... mountpoint options [optional...] - fstype source superoptions".
+    let mountinfo = read("/proc/self/mountinfo");
+    let filesystem = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let point = *fields.get(4)?;
+            let dash = fields.iter().position(|f| *f == "-")?;
+            let fstype = *fields.get(dash + 1)?;
+            temp.starts_with(point).then_some((point.len(), fstype))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map_or("unknown", |(_, fstype)| fstype);
+    let load = read("/proc/loadavg");
+    let load: Vec<&str> = load.split(' ').take(3).collect();
+    format!(
+        "{cores} cores ({cpu}), kernel {}, {} on {filesystem}, load average {}",
+        kernel.trim(),
+        temp.display(),
+        load.join(" ")
+    )
 }
