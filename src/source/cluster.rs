@@ -108,7 +108,9 @@ pub struct Update {
     /// Position of the source in `--source` order.
     pub index: usize,
     pub event: SourceEvent,
-    /// When the update arrived: the start of `kubelet_ca_sync_duration_seconds`.
+    /// When the update arrived (for a cluster source, the watch event or list answer as it
+    /// came in, before the object was parsed and validated): the start of
+    /// `kubelet_ca_sync_duration_seconds`.
     pub at: Instant,
 }
 
@@ -327,12 +329,8 @@ pub async fn watch(
     updates: UnboundedSender<Update>,
 ) {
     let name = spec.to_string();
-    let send = |event| {
-        let _ = updates.send(Update {
-            index,
-            event,
-            at: Instant::now(),
-        });
+    let send = |event, at| {
+        let _ = updates.send(Update { index, event, at });
     };
     match &spec {
         SourceSpec::ConfigMap {
@@ -371,6 +369,10 @@ enum Phase<K> {
 
 /// The watch loop shared by both kinds of object.
 ///
+/// `send` gets each event with the instant its cause arrived (the list answer, the watch
+/// event, the failure), taken before `content` parses the object, so that the sync duration
+/// includes parsing and validation.
+///
 /// Every failure is sent as a [`SourceEvent::WatchRestart`] (the source is down, its last
 /// good content stays) and followed by a backoff with jitter: kube-runtime's
 /// [`DefaultBackoff`], 0.8 s doubling to 30 s, so that thousands of nodes that lost the API
@@ -382,7 +384,7 @@ async fn follow<K>(
     object: &str,
     spec: &str,
     content: impl Fn(&K) -> Result<SourceCertificates, SourceError>,
-    send: impl Fn(SourceEvent),
+    send: impl Fn(SourceEvent, Instant),
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -412,10 +414,11 @@ async fn follow<K>(
             Phase::List => match within(spec, "list", api.list(&list_params)).await {
                 Ok(list) => match list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
                     Some(rv) => {
+                        let arrived = Instant::now();
                         backoff.reset();
                         down = false;
                         current = list.items.into_iter().next();
-                        send(state(&current));
+                        send(state(&current), arrived);
                         phase = Phase::Watch { rv };
                         continue;
                     }
@@ -434,7 +437,7 @@ async fn follow<K>(
             {
                 Ok(events) => {
                     if std::mem::take(&mut down) {
-                        send(state(&current));
+                        send(state(&current), Instant::now());
                     }
                     opened = tokio::time::Instant::now();
                     phase = Phase::Watching {
@@ -446,12 +449,14 @@ async fn follow<K>(
                 Err(error) => Failure::then(Phase::Watch { rv }, error),
             },
             Phase::Watching { rv, mut events } => {
-                match tokio::time::timeout(WATCH_SILENCE, events.next()).await {
+                let next = tokio::time::timeout(WATCH_SILENCE, events.next()).await;
+                let arrived = Instant::now();
+                match next {
                     Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
                         backoff.reset();
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
                         current = Some(k);
-                        send(state(&current));
+                        send(state(&current), arrived);
                         phase = Phase::Watching { rv, events };
                         continue;
                     }
@@ -459,7 +464,7 @@ async fn follow<K>(
                         backoff.reset();
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
                         current = None;
-                        send(state(&current));
+                        send(state(&current), arrived);
                         phase = Phase::Watching { rv, events };
                         continue;
                     }
@@ -504,7 +509,7 @@ async fn follow<K>(
                 }
             }
         };
-        send(SourceEvent::WatchRestart(failure.error));
+        send(SourceEvent::WatchRestart(failure.error), Instant::now());
         down = true;
         let delay = backoff.next().unwrap_or(BACKOFF_MAX);
         tokio::time::sleep(delay).await;
