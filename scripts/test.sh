@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
-# bundles, chattr for the permission-fault test, promtool from prometheus to check the
-# metrics), then format, lints and every test.
+# bundles and talk TLS, chattr for the permission faults, prometheus for promtool and a real
+# scrape over mTLS, strace for the durability syscalls, curl as a TLS client; setpriv and
+# unshare come with util-linux), then format, lints and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
