@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use time::Duration as Span;
 
+use common::Node;
 use common::apiserver::ApiServer;
 use common::daemon::{Agent, wait_until};
 use common::pki::{Algorithm, Signer};
-use common::{KUBECONFIG_NOWHERE, Node};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -219,29 +219,17 @@ fn scraping_with_a_client_certificate_keeps_working_while_the_api_server_is_down
         let (code, body) = endpoint.get(&agent, "/metrics", Some(&client));
         code == 200 && body.contains("kubelet_ca_source_up{source=\"configmap:openshift-config-managed/kube-apiserver-client-ca\"} 0")
     });
-    let _ = KUBECONFIG_NOWHERE;
 }
 
-/// The CA names a server asks client certificates from, as `openssl s_client` prints them.
+/// The CA names a server asks client certificates from, as `openssl s_client` prints them
+/// ("Acceptable client certificate CA names").
 fn acceptable_ca_names(port: u16) -> String {
-    let out = Command::new("openssl")
-        .args([
-            "s_client",
-            "-connect",
-            &format!("127.0.0.1:{port}"),
-            "-brief",
-        ])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let all =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let out = Command::new("openssl")
         .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
-    all + &String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -404,4 +392,57 @@ fn a_real_prometheus_scrapes_the_endpoint_over_mutual_tls() {
         fs::read_to_string(node.root().join("prometheus.log")).unwrap_or_default()
     );
     assert!(series, "x509_cert_not_after is not in Prometheus");
+}
+
+/// The subject of the certificate the server presents, spaces removed (`CN=...`).
+fn served_subject(port: u16) -> String {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    // The chain's first line names the server's certificate: ` 0 s:CN = localhost`.
+    let text = String::from_utf8_lossy(&out.stdout).replace(' ', "");
+    text.lines()
+        .find_map(|l| l.strip_prefix("0s:"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_serving_certificate_replaced_by_rename_is_served_at_once() {
+    let node = Node::new();
+    let source = node.source(
+        "signers.pem",
+        Signer::new("kubelet-signer", Algorithm::P256).pem(),
+    );
+    let client_ca = node.root().join("scrapers-ca.crt");
+    fs::write(&client_ca, Signer::new("scrapers", Algorithm::P256).pem()).unwrap();
+    let endpoint = Endpoint::new(&node, &client_ca, &[]);
+    let agent = endpoint.start(&node, &[&source], &[]);
+    wait_until(10 * SECOND, || {
+        served_subject(agent.port).contains("CN=localhost")
+    });
+    // A new certificate and key, each written aside and renamed into place.
+    let (cert, key) =
+        Signer::new("serving-ca-2", Algorithm::P256).issue_server(&["127.0.0.1", "localhost"]);
+    let dir = node.root().join("tls");
+    for (name, content) in [("tls.key", key), ("tls.crt", cert)] {
+        fs::write(dir.join(format!("{name}.new")), content).unwrap();
+        fs::rename(dir.join(format!("{name}.new")), dir.join(name)).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let served = common::daemon::eventually(5 * SECOND, || {
+        served_subject(agent.port).contains("CN=127.0.0.1")
+    });
+    assert!(served, "the new certificate is not served: {}", agent.log());
+    eprintln!(
+        "the new serving certificate was served {:?} after the rename",
+        started.elapsed()
+    );
+    assert!(
+        agent.log().contains("TLS configuration reloaded"),
+        "{}",
+        agent.log()
+    );
 }

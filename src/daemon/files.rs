@@ -153,6 +153,13 @@ impl Plan {
                 });
             }
         }
+        // A TLS file is reloaded once its change is complete (closed, or renamed into place).
+        let tls = self.tls.iter().any(|file| {
+            dir == parent_dir(file) && (Some(name) == file.file_name() || name == PROJECTED_DATA)
+        });
+        if tls && settled {
+            events.push(FsEvent::Tls);
+        }
         events
     }
 }
@@ -484,5 +491,21 @@ mod tests {
         assert_eq!(at("/srv/signers", "new.crt.tmp"), []);
         assert_eq!(at("/srv/signers", "..data"), [dir]);
         assert_eq!(plan.dirs().len(), 3);
+        let plan = plan.with_tls_files(&[PathBuf::from("/etc/kubelet-ca-agent/tls.crt")]);
+        let tls = |name: &str, settled| {
+            plan.classify(
+                Path::new("/etc/kubelet-ca-agent"),
+                OsStr::new(name),
+                settled,
+            )
+        };
+        assert_eq!(tls("tls.crt", true), [FsEvent::Tls]);
+        assert_eq!(
+            tls("tls.crt", false),
+            [],
+            "half written: wait for the close"
+        );
+        assert_eq!(tls("tls.key.new", true), []);
+        assert_eq!(plan.dirs().len(), 4);
     }
 }
