@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
@@ -155,6 +155,9 @@ pub struct Applied {
     pub sha256: String,
     pub added: usize,
     pub removed: usize,
+    /// When the new file was durable (or found already in place): the end of
+    /// `kubelet_ca_sync_duration_seconds`, before the bookkeeping that follows a write.
+    pub durable_at: Instant,
 }
 
 impl Target {
@@ -282,6 +285,7 @@ impl Target {
     ) -> Result<Applied, WriteError> {
         let sha256 = Fingerprint::of(rendered).to_hex();
         let outcome = self.writer.write(rendered, current, owner)?;
+        let durable_at = Instant::now();
         let certificates = built.bundle.len();
         let path = self.path().display();
         let applied = match outcome {
@@ -292,24 +296,31 @@ impl Target {
                     sha256,
                     added: 0,
                     removed: 0,
+                    durable_at,
                 }
             }
             Outcome::Replaced { previous } => {
-                let old = previous
-                    .as_deref()
-                    .map(readable_certificates)
-                    .unwrap_or_default();
+                // One parse of what was replaced serves both the diff and history, which
+                // keeps bundles only: content that does not parse as one (garbage, or a
+                // bundle with a key pasted in) is not copied into the state directory.
+                let parsed = previous.as_deref().map(bundle::parse_source);
+                let old = match (&parsed, previous.as_deref()) {
+                    (Some(Ok(parsed)), _) => parsed.certificates.clone(),
+                    (_, Some(damaged)) => readable_certificates(damaged),
+                    (_, None) => Vec::new(),
+                };
                 let diff = bundle::diff(&old, built.bundle.certificates());
                 let (added, removed) = (diff.added.len(), diff.removed.len());
                 tracing::info!(bundle = %path, certificates, added, removed, sha256 = %sha256, "bundle written");
-                if history {
-                    self.keep_history(previous, now);
+                if let (true, Some(Ok(_)), Some(old)) = (history, &parsed, previous) {
+                    self.keep(Record::History(old, now));
                 }
                 Applied {
                     replaced: true,
                     sha256,
                     added,
                     removed,
+                    durable_at,
                 }
             }
         };
@@ -333,6 +344,7 @@ impl Target {
             sha256,
             added: 0,
             removed: 0,
+            durable_at: Instant::now(),
         })
     }
 
@@ -343,14 +355,6 @@ impl Target {
             self.keep(Record::Retention(built.memory.clone()));
         }
         self.keep(Record::ManagedFiles(sha256.to_string()));
-    }
-
-    /// History keeps bundles: content that does not parse as one (garbage, or a bundle
-    /// with a key pasted in by someone) is not copied into the state directory.
-    fn keep_history(&self, previous: Option<Vec<u8>>, now: OffsetDateTime) {
-        if let Some(old) = previous.filter(|old| bundle::parse_source(old).is_ok()) {
-            self.keep(Record::History(old, now));
-        }
     }
 }
 

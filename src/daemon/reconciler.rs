@@ -223,7 +223,7 @@ pub struct Reconciler {
     last_written: Option<Fingerprint>,
     /// The valid bundle found on disk at start: it stands, and drift from it is repaired,
     /// until every source has been read once.
-    adopted: Option<Arc<[u8]>>,
+    adopted: Option<Adopted>,
     /// Running as root: the file's owner is kept, and put back when something changes it.
     is_root: bool,
     /// The owner the file should have: the adopted file's, or the one last written.
@@ -262,9 +262,18 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// True when `bytes` parse as a bundle holding a certificate valid at `now`.
-fn holds_valid_certificate(bytes: &[u8], now: i64) -> bool {
-    bundle::parse_source(bytes).is_ok_and(|p| p.certificates.iter().any(|c| c.is_valid_at(now)))
+/// The valid bundle found on disk at start, parsed once: its certificates decide whether it
+/// may still be restored and when its validity changes, on every pass and every turn of
+/// the loop while no source has been read.
+struct Adopted {
+    bytes: Arc<[u8]>,
+    certificates: Vec<bundle::Certificate>,
+}
+
+impl Adopted {
+    fn valid_at(&self, now: i64) -> bool {
+        self.certificates.iter().any(|c| c.is_valid_at(now))
+    }
 }
 
 impl Reconciler {
@@ -351,12 +360,18 @@ impl Reconciler {
         self.memory = self.target.remembered(on_disk.bytes());
         let now_unix = OffsetDateTime::now_utc().unix_timestamp();
         if let OnDisk::Regular { bytes, stat } = on_disk
-            && holds_valid_certificate(&bytes, now_unix)
+            && let Ok(parsed) = bundle::parse_source(&bytes)
         {
-            tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
-            self.last_written = Some(Fingerprint::of(&bytes));
-            self.adopted = Some(bytes.into());
-            self.owner = self.is_root.then_some((stat.uid, stat.gid));
+            let adopted = Adopted {
+                bytes: bytes.into(),
+                certificates: parsed.certificates,
+            };
+            if adopted.valid_at(now_unix) {
+                tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
+                self.last_written = Some(Fingerprint::of(&adopted.bytes));
+                self.owner = self.is_root.then_some((stat.uid, stat.gid));
+                self.adopted = Some(adopted);
+            }
         }
         let now = Instant::now();
         for index in 0..self.slots.len() {
@@ -616,9 +631,7 @@ impl Reconciler {
             // restores, while it still holds a certificate valid now.
             self.desired = None;
             match &self.adopted {
-                Some(adopted) if holds_valid_certificate(adopted, now.unix_timestamp()) => {
-                    adopted.clone()
-                }
+                Some(adopted) if adopted.valid_at(now.unix_timestamp()) => adopted.bytes.clone(),
                 _ => {
                     self.publish((&on_disk).into(), None, None);
                     return;
@@ -735,9 +748,8 @@ impl Reconciler {
                             .step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
                         tracing::warn!(bundle = %self.file.filepath, "repaired the bundle: something else had changed or removed it");
                     } else if let Some(since) = self.pending_since {
-                        self.metrics
-                            .sync_duration
-                            .observe(since.elapsed().as_secs_f64());
+                        let took = applied.durable_at.saturating_duration_since(since);
+                        self.metrics.sync_duration.observe(took.as_secs_f64());
                     }
                     if let Some(hooks) = &self.hooks {
                         hooks.changed();
@@ -847,15 +859,11 @@ impl Reconciler {
             .adopted
             .iter()
             .filter(|_| self.desired.is_none())
-            .flat_map(|bytes| {
-                bundle::parse_source(bytes)
-                    .map(|p| p.certificates)
-                    .unwrap_or_default()
-            });
+            .flat_map(|a| a.certificates.iter());
         let instants = certificates
+            .chain(adopted)
             .chain(self.memory.iter().map(|r| &r.certificate))
             .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
-            .chain(adopted.flat_map(|c| [c.not_before, c.not_after.saturating_add(1)]))
             .chain(
                 self.memory
                     .iter()

@@ -91,16 +91,27 @@ impl History {
                 "[year][month][day]T[hour][minute][second].[subsecond digits:9]Z"
             ))
             .map_err(io::Error::other)?;
-        let sequence = self.entries()?.last().map_or(0, |(e, _)| e.sequence) + 1;
-        let sha = hex::encode(Sha256::digest(content));
-        let path = self.dir.join(format!("{sequence:08}-{stamp}-{sha}.crt"));
+        // Listed once: the next sequence number comes from it, and so does what to prune.
+        let mut entries = self.entries()?;
+        let sequence = entries.last().map_or(0, |(e, _)| e.sequence) + 1;
+        let sha256 = hex::encode(Sha256::digest(content));
+        let path = self.dir.join(format!("{sequence:08}-{stamp}-{sha256}.crt"));
         // Only root reads history: it holds what the node trusted, for an operator.
         let attributes = Attributes {
             mode: 0o600,
             ..Attributes::default()
         };
         atomic::replace(&path, content, &attributes).map_err(|e| e.error)?;
-        self.prune()?;
+        let saved = Entry {
+            sequence,
+            stamp,
+            sha256,
+        };
+        entries.push((saved, path.clone()));
+        let excess = entries.len().saturating_sub(KEEP);
+        for (_, old) in &entries[..excess] {
+            fs::remove_file(old)?;
+        }
         Ok(path)
     }
 
@@ -128,15 +139,6 @@ impl History {
         }
         entries.sort();
         Ok(entries)
-    }
-
-    fn prune(&self) -> io::Result<()> {
-        let entries = self.entries()?;
-        let excess = entries.len().saturating_sub(KEEP);
-        for (_, old) in &entries[..excess] {
-            fs::remove_file(old)?;
-        }
-        Ok(())
     }
 }
 
