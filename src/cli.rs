@@ -197,6 +197,32 @@ pub struct ServerArgs {
         value_delimiter = ','
     )]
     pub authorized_groups: Vec<String>,
+    /// Accept `Authorization: Bearer` tokens on /metrics, checked with a TokenReview against
+    /// the API server (so they stop working while it is unreachable; client certificates do not).
+    #[arg(long, env = "KUBELET_CA_AGENT_AUTHENTICATION_TOKEN_WEBHOOK", value_parser = BoolishValueParser::new())]
+    pub authentication_token_webhook: bool,
+    /// Audiences the tokens must be meant for (comma-separated); default: the API server's own.
+    #[arg(
+        long,
+        value_name = "LIST",
+        env = "KUBELET_CA_AGENT_AUTHENTICATION_TOKEN_AUDIENCES",
+        value_delimiter = ',',
+        requires = "authentication_token_webhook"
+    )]
+    pub authentication_token_audiences: Vec<String>,
+    /// How long an accepted token's TokenReview is cached (a rejected one: 10 s).
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_AUTHENTICATION_TOKEN_WEBHOOK_CACHE_TTL", default_value = "2m", value_parser = parse_duration)]
+    pub authentication_token_webhook_cache_ttl: Duration,
+    /// Authorize /metrics with a SubjectAccessReview (verb get on the request path) when no
+    /// static allow-list is given.
+    #[arg(long, env = "KUBELET_CA_AGENT_AUTHORIZATION_WEBHOOK", value_parser = BoolishValueParser::new())]
+    pub authorization_webhook: bool,
+    /// How long an allowing SubjectAccessReview is cached.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_AUTHORIZATION_WEBHOOK_CACHE_AUTHORIZED_TTL", default_value = "5m", value_parser = parse_duration)]
+    pub authorization_webhook_cache_authorized_ttl: Duration,
+    /// How long a denying SubjectAccessReview is cached.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_AUTHORIZATION_WEBHOOK_CACHE_UNAUTHORIZED_TTL", default_value = "30s", value_parser = parse_duration)]
+    pub authorization_webhook_cache_unauthorized_ttl: Duration,
     /// Serve /metrics without TLS or authentication; only allowed on a loopback address.
     #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS", value_parser = BoolishValueParser::new())]
     pub insecure_metrics: bool,

@@ -10,6 +10,7 @@
 //! or a probe would wait behind.
 
 pub mod auth;
+pub mod review;
 pub mod tls;
 
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use tower::ServiceExt;
 use crate::daemon::status::StatusRx;
 use crate::metrics;
 use crate::text::escape;
-use auth::Authorization;
+pub use auth::Guard;
 use tls::Tls;
 
 /// How long a liveness probe waits for the loop to answer.
@@ -98,15 +99,6 @@ struct App {
     registry: Arc<Registry>,
     liveness: Liveness,
     guard: Arc<Guard>,
-}
-
-/// What stands between a client and `/metrics`.
-pub struct Guard {
-    /// `--insecure-metrics`: no authentication at all (loopback only).
-    pub insecure: bool,
-    /// The TLS configuration, whose current client CA authenticates certificates.
-    pub tls: Option<Arc<Tls>>,
-    pub authorization: Authorization,
 }
 
 /// What a connection brought with it: the client's certificate chain, if any.
@@ -264,24 +256,9 @@ async fn metrics_handler(
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
 ) -> Response {
-    if !app.guard.insecure {
-        let chain = peer.map(|Extension(p)| p.chain).unwrap_or_default();
-        let identity = match (&app.guard.tls, chain.is_empty()) {
-            (Some(tls), false) => tls.current().identify(&chain),
-            (Some(_), true) => Err("no client certificate".to_string()),
-            (None, _) => Err("no client authentication is configured (serve TLS with --client-ca-file, or use --insecure-metrics on a loopback address)".to_string()),
-        };
-        let identity = match identity {
-            Ok(identity) => identity,
-            Err(why) => return refuse(StatusCode::UNAUTHORIZED, &why),
-        };
-        if !app.guard.authorization.allows(&identity) {
-            let why = format!(
-                "user {:?} (groups {:?}) may not read /metrics",
-                identity.user, identity.groups
-            );
-            return refuse(StatusCode::FORBIDDEN, &why);
-        }
+    let chain = peer.map(|Extension(p)| p.chain).unwrap_or_default();
+    if let Err(refusal) = app.guard.admit(&chain, &headers, "/metrics").await {
+        return refuse(refusal.code, &refusal.why);
     }
     let openmetrics = metrics::encode_openmetrics(&app.registry);
     let wants_openmetrics = headers

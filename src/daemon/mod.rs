@@ -28,6 +28,7 @@ use crate::metrics::{self, Metrics};
 use crate::server;
 use crate::server::Guard;
 use crate::server::auth::Authorization;
+use crate::server::review;
 use crate::server::tls::{self, Tls};
 use crate::source::cluster;
 use reconciler::{Inputs, Reconciler};
@@ -59,9 +60,13 @@ fn check_listen(args: &RunArgs) -> Result<(), UsageError> {
 /// The endpoint's TLS and what guards `/metrics`, from the SERVER flags. TLS is served
 /// with the given certificate, or with an in-memory self-signed one off loopback (or when
 /// client certificates are asked for); plain HTTP only on loopback.
+///
+/// `client` talks to the API server for the webhooks; it is needed (and only built) when
+/// `--authentication-token-webhook` or `--authorization-webhook` is given.
 pub fn guard(
     server: &ServerArgs,
     bundle: &Path,
+    client: Option<&kube::Client>,
 ) -> Result<(Option<Arc<Tls>>, Arc<Guard>), UsageError> {
     let loopback = server.listen.ip().is_loopback();
     let serving = server
@@ -100,24 +105,61 @@ pub fn guard(
         .filter(|g| !g.is_empty())
         .cloned()
         .collect();
-    let authorization = if users.is_empty() && groups.is_empty() {
-        if !server.insecure_metrics && server.client_ca_file.is_some() {
+    let webhook_client = || {
+        client.cloned().ok_or_else(|| {
+            UsageError("the webhooks need a Kubernetes client (--kubeconfig)".to_string())
+        })
+    };
+    let tokens = if server.authentication_token_webhook {
+        Some(review::Tokens::new(
+            webhook_client()?,
+            server
+                .authentication_token_audiences
+                .iter()
+                .filter(|a| !a.is_empty())
+                .cloned()
+                .collect(),
+            server.authentication_token_webhook_cache_ttl,
+        ))
+    } else {
+        None
+    };
+    let authenticated = match (server.client_ca_file.is_some(), tokens.is_some()) {
+        (true, true) => "a certificate from --client-ca-file or a token the API server accepts",
+        (true, false) => "a certificate from --client-ca-file",
+        (false, true) => "a token the API server accepts",
+        (false, false) => "",
+    };
+    let authorization = if !users.is_empty() || !groups.is_empty() {
+        if server.authorization_webhook {
+            tracing::info!(
+                "--authorized-users/--authorized-groups given: the static allow-list decides, --authorization-webhook is not used"
+            );
+        }
+        Authorization::AllowList { users, groups }
+    } else if server.authorization_webhook {
+        Authorization::Webhook(review::Access::new(
+            webhook_client()?,
+            server.authorization_webhook_cache_authorized_ttl,
+            server.authorization_webhook_cache_unauthorized_ttl,
+        ))
+    } else {
+        if !server.insecure_metrics && !authenticated.is_empty() {
             tracing::warn!(
-                "no --authorized-users or --authorized-groups: any client with a certificate from --client-ca-file may read /metrics"
+                "no --authorized-users, --authorized-groups or --authorization-webhook: any client with {authenticated} may read /metrics"
             );
         }
         Authorization::AnyAuthenticated
-    } else {
-        Authorization::AllowList { users, groups }
     };
-    if !server.insecure_metrics && server.client_ca_file.is_none() {
+    if !server.insecure_metrics && authenticated.is_empty() {
         tracing::warn!(
-            "no --client-ca-file: /metrics answers 401 to everyone (use --client-ca-file, or --insecure-metrics on a loopback address)"
+            "no --client-ca-file or --authentication-token-webhook: /metrics answers 401 to everyone (use --client-ca-file, or --insecure-metrics on a loopback address)"
         );
     }
     let guard = Guard {
         insecure: server.insecure_metrics,
         tls: tls.clone(),
+        tokens,
         authorization,
     };
     Ok((tls, Arc::new(guard)))
@@ -181,8 +223,19 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     let (update_tx, update_rx) = mpsc::unbounded_channel();
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
+    // Building the client reads configuration only; it does not call the API server.
+    let webhooks = args.server.authentication_token_webhook || args.server.authorization_webhook;
+    let client = if webhooks || args.common.sources.iter().any(|s| s.is_cluster()) {
+        let client = cluster::client(args.common.kubeconfig.as_deref())
+            .await
+            .map_err(|e| UsageError(format!("{e:#}")))?;
+        Some(client)
+    } else {
+        None
+    };
+
     // Listen first: a port in use is a configuration error, and health answers early.
-    let (tls, guard) = guard(&args.server, &args.common.bundle)?;
+    let (tls, guard) = guard(&args.server, &args.common.bundle, client.as_ref())?;
     let listener = bind(args.server.listen).await?;
     let registry = metrics::registry(metrics.clone(), status_rx.clone(), node.as_deref());
     let router = server::router(status_rx.clone(), registry, liveness, guard);
@@ -217,11 +270,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     // makes the agent ready at once, whether or not the cluster answers.
     reconciler.start();
 
-    if args.common.sources.iter().any(|s| s.is_cluster()) {
-        // Building the client reads configuration only; it does not call the API server.
-        let client = cluster::client(args.common.kubeconfig.as_deref())
-            .await
-            .map_err(|e| UsageError(format!("{e:#}")))?;
+    if let Some(client) = client {
         for (index, spec) in args
             .common
             .sources

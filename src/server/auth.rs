@@ -1,17 +1,29 @@
-//! Who is asking, and may they: identities from client certificates, and the static
-//! allow-list (`--authorized-users`, `--authorized-groups`), checked locally with no API
-//! call, so that scraping keeps working while the API server is down.
+//! Who is asking, and may they. Identities come from client certificates (checked locally
+//! against the current client CA) or bearer tokens (a TokenReview, [`review`]); decisions
+//! from the static allow-list (`--authorized-users`, `--authorized-groups`, checked locally
+//! with no API call, so that scraping keeps working while the API server is down), else a
+//! SubjectAccessReview, else any authenticated identity.
+//!
+//! As the API server's union authenticator does, a valid client certificate wins; a request
+//! whose certificate proves nothing may still authenticate with a token.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use axum::http::{HeaderMap, StatusCode, header};
 use rustls::pki_types::CertificateDer;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-/// An authenticated client: a user name and its groups.
+use super::review::{self, AccessVerdict, TokenVerdict};
+use super::tls::Tls;
+
+/// An authenticated client: a user name, its groups, and what a TokenReview adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub user: String,
     pub groups: Vec<String>,
+    pub uid: Option<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 impl Identity {
@@ -32,12 +44,16 @@ impl Identity {
             .iter_organization()
             .filter_map(|o| o.as_str().ok().map(str::to_string))
             .collect();
-        Ok(Identity { user, groups })
+        Ok(Identity {
+            user,
+            groups,
+            uid: None,
+            extra: BTreeMap::new(),
+        })
     }
 }
 
 /// How an authenticated identity is authorized for `/metrics`.
-#[derive(Debug, Clone)]
 pub enum Authorization {
     /// `--authorized-users` / `--authorized-groups`: allowed when the user or one of its
     /// groups is listed.
@@ -45,19 +61,158 @@ pub enum Authorization {
         users: BTreeSet<String>,
         groups: BTreeSet<String>,
     },
-    /// No list given: any authenticated identity (a warning is logged at start).
+    /// `--authorization-webhook`, with no list given: a SubjectAccessReview.
+    Webhook(review::Access),
+    /// Neither: any authenticated identity (a warning is logged at start).
     AnyAuthenticated,
 }
 
-impl Authorization {
-    pub fn allows(&self, identity: &Identity) -> bool {
-        match self {
-            Authorization::AllowList { users, groups } => {
-                users.contains(&identity.user) || identity.groups.iter().any(|g| groups.contains(g))
-            }
-            Authorization::AnyAuthenticated => true,
+/// Whether the static allow-list admits `identity`: its user, or one of its groups, listed.
+pub fn listed(users: &BTreeSet<String>, groups: &BTreeSet<String>, identity: &Identity) -> bool {
+    users.contains(&identity.user) || identity.groups.iter().any(|g| groups.contains(g))
+}
+
+/// What stands between a client and `/metrics`.
+pub struct Guard {
+    /// `--insecure-metrics`: no authentication at all (loopback only).
+    pub insecure: bool,
+    /// The TLS configuration, whose current client CA authenticates certificates.
+    pub tls: Option<Arc<Tls>>,
+    /// `--authentication-token-webhook`: bearer tokens, reviewed.
+    pub tokens: Option<review::Tokens>,
+    pub authorization: Authorization,
+}
+
+/// A request turned away: the status, and why, in words safe to show the client.
+#[derive(Debug)]
+pub struct Refusal {
+    pub code: StatusCode,
+    pub why: String,
+}
+
+fn refusal(code: StatusCode, why: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        why: why.into(),
+    }
+}
+
+impl Guard {
+    /// Lets the request through to `path` (its identity, or None when insecure), or says
+    /// why not: 401 for who, 403 for may not, 503 when the API server could not be asked
+    /// whether it may.
+    pub async fn admit(
+        &self,
+        chain: &[CertificateDer<'static>],
+        headers: &HeaderMap,
+        path: &str,
+    ) -> Result<Option<Identity>, Refusal> {
+        if self.insecure {
+            return Ok(None);
+        }
+        let identity = self.authenticate(chain, headers).await?;
+        self.authorize(&identity, path).await?;
+        Ok(Some(identity))
+    }
+
+    async fn authenticate(
+        &self,
+        chain: &[CertificateDer<'static>],
+        headers: &HeaderMap,
+    ) -> Result<Identity, Refusal> {
+        let certificate = match (&self.tls, chain.is_empty()) {
+            (_, true) => None,
+            (Some(tls), false) => Some(tls.current().identify(chain)),
+            (None, false) => Some(Err("client certificates are not checked here".to_string())),
+        };
+        let certificate_failed = match certificate {
+            Some(Ok(identity)) => return Ok(identity),
+            Some(Err(why)) => Some(why),
+            None => None,
+        };
+        let token = bearer(headers);
+        match (token, &self.tokens) {
+            (Some(token), Some(tokens)) => match tokens.authenticate(token).await {
+                TokenVerdict::Authenticated(identity) => Ok(identity),
+                TokenVerdict::Rejected => Err(refusal(
+                    StatusCode::UNAUTHORIZED,
+                    "the bearer token was not accepted",
+                )),
+                TokenVerdict::Failed(why) => {
+                    tracing::warn!("cannot check a bearer token: {why}");
+                    Err(refusal(
+                        StatusCode::UNAUTHORIZED,
+                        format!("the bearer token could not be checked: {why}"),
+                    ))
+                }
+            },
+            (Some(_), None) if certificate_failed.is_none() => Err(refusal(
+                StatusCode::UNAUTHORIZED,
+                "bearer tokens are not accepted here (no --authentication-token-webhook); use a client certificate",
+            )),
+            _ => Err(refusal(
+                StatusCode::UNAUTHORIZED,
+                certificate_failed.unwrap_or_else(|| self.no_credentials()),
+            )),
         }
     }
+
+    /// Why a request without credentials is refused, with what would be accepted.
+    fn no_credentials(&self) -> String {
+        let certificates = self
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.client_ca().is_some());
+        match (certificates, self.tokens.is_some()) {
+            (true, true) => "no client certificate or bearer token".to_string(),
+            (true, false) => "no client certificate".to_string(),
+            (false, true) => "no bearer token".to_string(),
+            (false, false) => "no client authentication is configured (serve TLS with --client-ca-file, accept tokens with --authentication-token-webhook, or use --insecure-metrics on a loopback address)".to_string(),
+        }
+    }
+
+    async fn authorize(&self, identity: &Identity, path: &str) -> Result<(), Refusal> {
+        let not_allowed = |reason: &str| {
+            let mut why = format!(
+                "user {:?} (groups {:?}) may not get {path}",
+                identity.user, identity.groups
+            );
+            if !reason.is_empty() {
+                why.push_str(": ");
+                why.push_str(reason);
+            }
+            refusal(StatusCode::FORBIDDEN, why)
+        };
+        match &self.authorization {
+            Authorization::AllowList { users, groups } if listed(users, groups, identity) => Ok(()),
+            Authorization::AllowList { .. } => Err(not_allowed("")),
+            Authorization::AnyAuthenticated => Ok(()),
+            Authorization::Webhook(access) => match access.review(identity, path).await {
+                AccessVerdict::Allowed => Ok(()),
+                AccessVerdict::Denied(reason) => Err(not_allowed(&reason)),
+                AccessVerdict::Failed(why) => {
+                    tracing::warn!("cannot authorize a request: {why}");
+                    Err(refusal(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "cannot tell whether user {:?} may get {path}: {why}",
+                            identity.user
+                        ),
+                    ))
+                }
+            },
+        }
+    }
+}
+
+/// The bearer token of an `Authorization: Bearer TOKEN` header, read as the API server
+/// reads it (the scheme in any case, the token the next space-separated word).
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let mut parts = value.splitn(3, ' ');
+    let scheme = parts.next()?;
+    let token = parts.next()?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 #[cfg(test)]
@@ -68,25 +223,44 @@ mod tests {
         Identity {
             user: user.into(),
             groups: groups.iter().map(|g| g.to_string()).collect(),
+            uid: None,
+            extra: BTreeMap::new(),
         }
     }
 
     #[test]
     fn the_allow_list_admits_listed_users_and_members_of_listed_groups() {
-        let list = Authorization::AllowList {
-            users: ["system:serviceaccount:monitoring:prometheus-k8s".to_string()].into(),
-            groups: ["system:monitoring".to_string()].into(),
-        };
-        assert!(list.allows(&identity(
+        let users = ["system:serviceaccount:monitoring:prometheus-k8s".to_string()].into();
+        let groups = ["system:monitoring".to_string()].into();
+        let allows = |identity: &Identity| listed(&users, &groups, identity);
+        assert!(allows(&identity(
             "system:serviceaccount:monitoring:prometheus-k8s",
             &[]
         )));
-        assert!(list.allows(&identity("scraper", &["other", "system:monitoring"])));
-        assert!(!list.allows(&identity("scraper", &["other"])));
+        assert!(allows(&identity(
+            "scraper",
+            &["other", "system:monitoring"]
+        )));
+        assert!(!allows(&identity("scraper", &["other"])));
         assert!(
-            !list.allows(&identity("system:monitoring", &[])),
+            !allows(&identity("system:monitoring", &[])),
             "a user is not a group"
         );
-        assert!(Authorization::AnyAuthenticated.allows(&identity("anyone", &[])));
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_as_the_api_server_reads_it() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            bearer(&headers).map(str::to_string)
+        };
+        assert_eq!(with("Bearer abc.def"), Some("abc.def".into()));
+        assert_eq!(with("bearer abc"), Some("abc".into()));
+        assert_eq!(with("  BEARER abc extra"), Some("abc".into()));
+        assert_eq!(with("Bearer "), None);
+        assert_eq!(with("Basic dXNlcjpwYXNz"), None);
+        assert_eq!(with("Bearer"), None);
+        assert_eq!(bearer(&HeaderMap::new()), None);
     }
 }
