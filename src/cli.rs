@@ -37,7 +37,7 @@ pub enum Command {
                       --listen. Speaks the systemd notify protocol (READY=1, STATUS=, WATCHDOG=1). \
                       SIGTERM or SIGINT finishes a write in progress, then exits 0."
     )]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Build the bundle from the sources once, write it if it changed, and exit.
     #[command(
         long_about = "Build the bundle from the sources once, write it if it changed, and exit.\n\n\

@@ -39,7 +39,7 @@ pub fn run() -> anyhow::Result<Exit> {
     };
     logging::init(cli.log.log_format, &cli.log.log_level)?;
     match cli.command {
-        Command::Run(args) => daemon::run(args),
+        Command::Run(args) => daemon::run(*args),
         Command::Sync(args) => commands::sync::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Version => Ok(commands::version()),

@@ -120,8 +120,9 @@ impl<V: Clone + Send + Sync + 'static> Answers<V> {
         }
     }
 
-    /// How many answers are remembered or being asked (for tests).
-    pub fn len(&self) -> usize {
+    /// How many answers are remembered or being asked.
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
         self.slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -489,7 +490,11 @@ mod tests {
                 )
                 .await;
         }
-        assert!(answers.len() <= MAX_ANSWERS, "{} remembered", answers.len());
+        assert!(
+            answers.remembered() <= MAX_ANSWERS,
+            "{} remembered",
+            answers.remembered()
+        );
     }
 
     fn status(authenticated: bool, user: &str, audiences: &[&str]) -> TokenReviewStatus {
