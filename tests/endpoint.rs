@@ -14,7 +14,7 @@ use std::time::Duration;
 use time::Duration as Span;
 
 use common::Node;
-use common::apiserver::ApiServer;
+use common::apiserver::{API_AUDIENCE, ApiServer, Subject};
 use common::daemon::{Agent, wait_until};
 use common::pki::{Algorithm, Signer};
 
@@ -79,6 +79,21 @@ impl Endpoint {
 
     /// GET `path` over TLS with curl, verifying the server; (status, body).
     fn get(&self, agent: &Agent, path: &str, client: Option<&Client>) -> (u16, String) {
+        self.fetch(agent, path, client, None)
+    }
+
+    /// GET `path` with a bearer token (and a client certificate when given).
+    fn get_bearer(&self, agent: &Agent, path: &str, token: &str) -> (u16, String) {
+        self.fetch(agent, path, None, Some(token))
+    }
+
+    fn fetch(
+        &self,
+        agent: &Agent,
+        path: &str,
+        client: Option<&Client>,
+        token: Option<&str>,
+    ) -> (u16, String) {
         let mut cmd = Command::new("curl");
         cmd.args(["-s", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
             .arg(&self.serving_ca)
@@ -88,6 +103,9 @@ impl Endpoint {
                 .arg(&client.cert)
                 .arg("--key")
                 .arg(&client.key);
+        }
+        if let Some(token) = token {
+            cmd.arg("-H").arg(format!("Authorization: Bearer {token}"));
         }
         let out = cmd.output().expect("curl is installed");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -444,5 +462,400 @@ fn a_serving_certificate_replaced_by_rename_is_served_at_once() {
         agent.log().contains("TLS configuration reloaded"),
         "{}",
         agent.log()
+    );
+}
+
+/// The service account a cluster's Prometheus scrapes as.
+const PROMETHEUS_SA: &str = "system:serviceaccount:openshift-monitoring:prometheus-k8s";
+
+/// An agent on a local source whose endpoint takes client certificates from `scrapers` and
+/// bearer tokens reviewed by `api`, with `extra` flags.
+fn agent_with_webhooks(
+    node: &Node,
+    api: &ApiServer,
+    scrapers: &Signer,
+    extra: &[&str],
+) -> (Endpoint, Agent) {
+    let source = node.source(
+        "signers.pem",
+        Signer::new("kubelet-signer", Algorithm::P256).pem(),
+    );
+    let client_ca = node.root().join("scrapers-ca.crt");
+    fs::write(&client_ca, scrapers.pem()).unwrap();
+    let endpoint = Endpoint::new(node, &client_ca, extra);
+    let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
+    let agent = endpoint.start(node, &[&source], &["--kubeconfig", &kubeconfig]);
+    wait_until(10 * SECOND, || {
+        endpoint.get(&agent, "/livez", None).0 == 200
+    });
+    (endpoint, agent)
+}
+
+#[test]
+fn bearer_tokens_are_reviewed_and_requests_authorized_by_subject_access_reviews() {
+    let api = ApiServer::start();
+    api.grant(Subject::User(PROMETHEUS_SA.into()), &["get"], &["/metrics"]);
+    api.grant(
+        Subject::Group("system:monitoring".into()),
+        &["get"],
+        &["/metrics", "/federate"],
+    );
+    let node = Node::new();
+    let scrapers = Signer::new("scrapers", Algorithm::P256);
+    let (endpoint, agent) = agent_with_webhooks(
+        &node,
+        &api,
+        &scrapers,
+        &["--authentication-token-webhook", "--authorization-webhook"],
+    );
+    let allowed = api.issue_token(PROMETHEUS_SA, &["system:serviceaccounts"]);
+    let member = api.issue_token("alice", &["system:authenticated", "system:monitoring"]);
+    let denied = api.issue_token("system:serviceaccount:dev:app", &["system:serviceaccounts"]);
+
+    let (code, body) = endpoint.get_bearer(&agent, "/metrics", &allowed);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("x509_cert_not_after{"), "{body}");
+    assert_eq!(
+        endpoint.get_bearer(&agent, "/metrics", &member).0,
+        200,
+        "a member of a granted group"
+    );
+    let (code, body) = endpoint.get_bearer(&agent, "/metrics", &denied);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("system:serviceaccount:dev:app"), "{body}");
+    let (code, body) = endpoint.get_bearer(&agent, "/metrics", "not-a-token-the-server-knows");
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = endpoint.get(&agent, "/metrics", None);
+    assert_eq!(code, 401, "{body}");
+
+    // A client certificate's identity is authorized by a SubjectAccessReview too.
+    let year = Span::days(365);
+    let in_group = Client::new(
+        node.root(),
+        "in-group",
+        scrapers.issue_client_with("grafana", &["system:monitoring"], Span::hours(-1), year),
+    );
+    let outsider = Client::new(
+        node.root(),
+        "outsider",
+        scrapers.issue_client_with("intruder", &["dev"], Span::hours(-1), year),
+    );
+    assert_eq!(endpoint.get(&agent, "/metrics", Some(&in_group)).0, 200);
+    assert_eq!(endpoint.get(&agent, "/metrics", Some(&outsider)).0, 403);
+    for health in ["/healthz", "/livez", "/readyz"] {
+        assert_eq!(endpoint.get(&agent, health, None).0, 200, "{health}");
+    }
+
+    // What the API server was asked: each token once (a repeat is remembered), with no
+    // audiences (the API server's own), and get on the path for the reviewed identity.
+    let reviews = api.token_reviews();
+    assert_eq!(reviews.len(), 4, "{reviews:?}");
+    assert!(
+        reviews
+            .iter()
+            .all(|r| r.pointer("/spec/audiences").is_none()),
+        "{reviews:?}"
+    );
+    let accesses = api.access_reviews();
+    let asked_for = |user: &str| {
+        accesses
+            .iter()
+            .find(|r| r.pointer("/spec/user").and_then(|u| u.as_str()) == Some(user))
+            .unwrap_or_else(|| panic!("no SubjectAccessReview for {user}: {accesses:?}"))
+    };
+    let prometheus = asked_for(PROMETHEUS_SA);
+    assert_eq!(
+        prometheus.pointer("/spec/nonResourceAttributes"),
+        Some(&serde_json::json!({"path": "/metrics", "verb": "get"})),
+        "{prometheus}"
+    );
+    assert_eq!(
+        prometheus.pointer("/spec/groups"),
+        Some(&serde_json::json!(["system:serviceaccounts"]))
+    );
+    assert!(
+        prometheus
+            .pointer("/spec/uid")
+            .and_then(|u| u.as_str())
+            .is_some_and(|u| !u.is_empty()),
+        "the TokenReview's uid is passed on: {prometheus}"
+    );
+    assert_eq!(
+        asked_for("grafana").pointer("/spec/groups"),
+        Some(&serde_json::json!(["system:monitoring"]))
+    );
+    assert_eq!(accesses.len(), 5, "one review per identity: {accesses:?}");
+    // Asked again: every answer is remembered, nothing is asked twice.
+    for token in [&allowed, &member, &denied] {
+        endpoint.get_bearer(&agent, "/metrics", token);
+    }
+    endpoint.get_bearer(&agent, "/metrics", "not-a-token-the-server-knows");
+    assert_eq!(api.token_reviews().len(), 4);
+    assert_eq!(api.access_reviews().len(), 5);
+
+    // No token in the log, whatever happened to it.
+    let log = agent.log();
+    for token in [&allowed, &member, &denied] {
+        assert!(
+            !log.contains(token.as_str()),
+            "a token is in the log: {log}"
+        );
+    }
+}
+
+#[test]
+fn fifty_concurrent_requests_with_one_token_make_one_review_of_each_kind() {
+    let api = ApiServer::start();
+    api.grant(Subject::User(PROMETHEUS_SA.into()), &["get"], &["/metrics"]);
+    let node = Node::new();
+    let scrapers = Signer::new("scrapers", Algorithm::P256);
+    let (endpoint, agent) = agent_with_webhooks(
+        &node,
+        &api,
+        &scrapers,
+        &["--authentication-token-webhook", "--authorization-webhook"],
+    );
+    let token = api.issue_token(PROMETHEUS_SA, &[]);
+    // Every review takes a while, so that all fifty requests arrive while one is asked.
+    api.set_review_delay(3 * SECOND);
+    let concurrently = |token: &str| -> Vec<u16> {
+        std::thread::scope(|scope| {
+            let requests: Vec<_> = (0..50)
+                .map(|_| scope.spawn(|| endpoint.get_bearer(&agent, "/metrics", token).0))
+                .collect();
+            requests.into_iter().map(|r| r.join().unwrap()).collect()
+        })
+    };
+    let codes = concurrently(&token);
+    assert!(codes.iter().all(|&c| c == 200), "{codes:?}");
+    assert_eq!(api.token_reviews().len(), 1, "TokenReviews for 50 requests");
+    assert_eq!(api.access_reviews().len(), 1, "SubjectAccessReviews");
+
+    // A flood of one bad token: one review, and its rejection is remembered.
+    let codes = concurrently("a-token-nobody-issued");
+    assert!(codes.iter().all(|&c| c == 401), "{codes:?}");
+    assert_eq!(api.token_reviews().len(), 2);
+    assert_eq!(
+        api.access_reviews().len(),
+        1,
+        "no authorization without identity"
+    );
+    api.set_review_delay(Duration::ZERO);
+    assert_eq!(
+        endpoint
+            .get_bearer(&agent, "/metrics", "a-token-nobody-issued")
+            .0,
+        401
+    );
+    assert_eq!(api.token_reviews().len(), 2, "the rejection was remembered");
+}
+
+#[test]
+fn tokens_for_other_audiences_are_refused_and_the_allow_list_applies_to_tokens() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let scrapers = Signer::new("scrapers", Algorithm::P256);
+    let (endpoint, agent) = agent_with_webhooks(
+        &node,
+        &api,
+        &scrapers,
+        &[
+            "--authentication-token-webhook",
+            "--authentication-token-audiences",
+            "kubelet-ca-agent",
+            // The allow-list decides: no SubjectAccessReview is made.
+            "--authorization-webhook",
+            "--authorized-users",
+            PROMETHEUS_SA,
+        ],
+    );
+    let ours = api.issue_token_for(PROMETHEUS_SA, &[], &["kubelet-ca-agent"]);
+    let for_the_api = api.issue_token_for(PROMETHEUS_SA, &[], &[API_AUDIENCE]);
+    let someone_else = api.issue_token_for("alice", &[], &["kubelet-ca-agent"]);
+    assert_eq!(endpoint.get_bearer(&agent, "/metrics", &ours).0, 200);
+    assert_eq!(endpoint.get_bearer(&agent, "/metrics", &for_the_api).0, 401);
+    assert_eq!(
+        endpoint.get_bearer(&agent, "/metrics", &someone_else).0,
+        403
+    );
+    let reviews = api.token_reviews();
+    assert!(
+        reviews.iter().all(|r| r.pointer("/spec/audiences")
+            == Some(&serde_json::json!(["kubelet-ca-agent"]))),
+        "{reviews:?}"
+    );
+    assert!(
+        api.access_reviews().is_empty(),
+        "the allow-list needs no API call"
+    );
+}
+
+#[test]
+fn a_token_that_cannot_be_reviewed_is_refused_and_says_why() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let scrapers = Signer::new("scrapers", Algorithm::P256);
+    let (endpoint, agent) = agent_with_webhooks(
+        &node,
+        &api,
+        &scrapers,
+        &[
+            "--authentication-token-webhook",
+            "--authorized-users",
+            PROMETHEUS_SA,
+        ],
+    );
+    // The agent's own identity may not create TokenReviews (RBAC without the webhook rule).
+    api.restrict_to(vec![]);
+    let token = api.issue_token(PROMETHEUS_SA, &[]);
+    let (code, body) = endpoint.get_bearer(&agent, "/metrics", &token);
+    assert_eq!(code, 401, "{body}");
+    assert!(
+        body.contains("tokenreviews"),
+        "names what is forbidden: {body}"
+    );
+    assert!(agent.log().contains("tokenreviews"), "{}", agent.log());
+    // With the API server gone, certificates keep working and tokens are refused.
+    api.stop();
+    let year = Span::days(365);
+    let client = Client::new(
+        node.root(),
+        "prometheus",
+        scrapers.issue_client_with(PROMETHEUS_SA, &[], Span::hours(-1), year),
+    );
+    assert_eq!(endpoint.get(&agent, "/metrics", Some(&client)).0, 200);
+    let other = api.issue_token(PROMETHEUS_SA, &[]);
+    let (code, body) = endpoint.get_bearer(&agent, "/metrics", &other);
+    assert_eq!(code, 401, "{body}");
+    assert!(!agent.log().contains(&other), "{}", agent.log());
+}
+
+/// The TLS version `openssl s_client` agreed with the server when limited to `version`
+/// (`-tls1_2`, `-tls1_3`), or None when the handshake failed.
+fn negotiated(port: u16, version: &str) -> Option<String> {
+    let out = Command::new("openssl")
+        .args(["s_client", "-brief", version])
+        .args(["-connect", &format!("127.0.0.1:{port}")])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("Protocol version: "))
+        .map(str::to_string)
+}
+
+#[test]
+fn tls_min_version_refuses_older_clients() {
+    let node = Node::new();
+    let source = node.source(
+        "signers.pem",
+        Signer::new("kubelet-signer", Algorithm::P256).pem(),
+    );
+    let client_ca = node.root().join("scrapers-ca.crt");
+    fs::write(&client_ca, Signer::new("scrapers", Algorithm::P256).pem()).unwrap();
+    let endpoint = Endpoint::new(&node, &client_ca, &[]);
+    let default = endpoint.start(&node, &[&source], &[]);
+    let strict = endpoint.start(&node, &[&source], &["--tls-min-version", "1.3"]);
+    for agent in [&default, &strict] {
+        wait_until(10 * SECOND, || endpoint.get(agent, "/livez", None).0 == 200);
+    }
+    assert_eq!(
+        negotiated(default.port, "-tls1_2").as_deref(),
+        Some("TLSv1.2"),
+        "TLS 1.2 is accepted by default"
+    );
+    assert_eq!(
+        negotiated(strict.port, "-tls1_3").as_deref(),
+        Some("TLSv1.3")
+    );
+    assert_eq!(
+        negotiated(strict.port, "-tls1_2"),
+        None,
+        "a TLS 1.2 client is refused with --tls-min-version 1.3"
+    );
+}
+
+#[test]
+fn off_loopback_without_certificate_files_the_endpoint_serves_a_self_signed_certificate() {
+    let node = Node::new();
+    let source = node.source(
+        "signers.pem",
+        Signer::new("kubelet-signer", Algorithm::P256).pem(),
+    );
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    let port = common::daemon::free_port();
+    let log = node.root().join("agent.log");
+    // Every address: not loopback. (The harness's agent listens on loopback, so this one is
+    // started by hand.)
+    let mut agent = Command::new(common::agent_bin())
+        .args(["run", "--source", &source, "--listen"])
+        .arg(format!("0.0.0.0:{port}"))
+        .arg("--bundle")
+        .arg(node.bundle())
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .env_remove("KUBELET_CA_AGENT_INSECURE_METRICS")
+        .env_remove("RUST_LOG")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let https = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-sk", "--max-time", "5", "-w", "\n%{http_code}"])
+            .arg(format!("https://127.0.0.1:{port}{path}"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.rsplit_once('\n')
+            .and_then(|(_, code)| code.parse::<u16>().ok())
+            .unwrap_or(0)
+    };
+    let up = common::daemon::eventually(10 * SECOND, || https("/livez") == 200);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect 127.0.0.1:{port} </dev/null 2>/dev/null | openssl x509 -noout -subject -issuer"
+        ))
+        .output()
+        .unwrap();
+    let metrics = https("/metrics");
+    let plain = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(format!("http://127.0.0.1:{port}/livez"))
+        .output()
+        .unwrap();
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(up, "no TLS answer: {text}");
+    assert!(
+        text.contains("self-signed"),
+        "the self-signed certificate is warned about: {text}"
+    );
+    let names = String::from_utf8_lossy(&out.stdout).replace(' ', "");
+    let subject = names.lines().find_map(|l| l.strip_prefix("subject="));
+    let issuer = names.lines().find_map(|l| l.strip_prefix("issuer="));
+    assert!(subject.is_some(), "no certificate: {names}");
+    assert_eq!(subject, issuer, "self-signed: {names}");
+    assert_eq!(
+        metrics, 401,
+        "no credentials are configured: nobody reads /metrics"
+    );
+    assert_ne!(
+        String::from_utf8_lossy(&plain.stdout),
+        "200",
+        "no plain HTTP off loopback"
     );
 }

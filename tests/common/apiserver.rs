@@ -182,6 +182,16 @@ impl Rule {
         }
     }
 
+    /// A ClusterRole's rule for a cluster-scoped resource with no names (the review endpoints).
+    fn allows_cluster(&self, verb: &str, group: &str, resource: &str) -> bool {
+        let any = |list: &[String], value: &str| list.iter().any(|v| v == "*" || v == value);
+        any(&self.verbs, verb)
+            && (self.group == "*" || self.group == group)
+            && (self.resource == "*" || self.resource == resource)
+            && self.namespace.is_none()
+            && self.names.is_empty()
+    }
+
     /// rbac.RuleAllows: verb, group and resource match, and resourceNames (when given) holds the
     /// request's name. A request with no name (a list without a metadata.name selector) never
     /// matches a rule with resourceNames.
@@ -452,6 +462,58 @@ impl ApiServer {
         self.shared.store().watch_list = enabled;
     }
 
+    /// A new bearer token that TokenReviews accept as `user` in `groups`, for the API
+    /// server's own audience (`https://kubernetes.default.svc`, what a service account token
+    /// is for unless it was requested for another).
+    pub fn issue_token(&self, user: &str, groups: &[&str]) -> String {
+        self.issue_token_for(user, groups, &[API_AUDIENCE])
+    }
+
+    /// A new bearer token meant for `audiences`.
+    pub fn issue_token_for(&self, user: &str, groups: &[&str], audiences: &[&str]) -> String {
+        let token = B64_URL.encode(random_bytes(24));
+        let strings = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        self.shared.store().review_tokens.insert(
+            token.clone(),
+            TokenHolder {
+                user: user.to_owned(),
+                uid: new_uid(),
+                groups: strings(groups),
+                audiences: strings(audiences),
+            },
+        );
+        token
+    }
+
+    /// Binds a ClusterRole with `verbs` on the non-resource URLs `paths` (exact, or a prefix
+    /// ending in `*`) to `subject`: what SubjectAccessReviews are decided by. No grant, no
+    /// access.
+    pub fn grant(&self, subject: Subject, verbs: &[&str], paths: &[&str]) {
+        let mut st = self.shared.store();
+        let n = st.grants.len() + 1;
+        st.grants.push(Grant {
+            name: format!("metrics-reader-{n}"),
+            subject,
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+        });
+    }
+
+    /// Every review answers only after this long (so that concurrent requests overlap one).
+    pub fn set_review_delay(&self, delay: Duration) {
+        self.shared.store().review_delay = delay;
+    }
+
+    /// The TokenReview bodies received, in order.
+    pub fn token_reviews(&self) -> Vec<Value> {
+        self.shared.store().token_reviews.clone()
+    }
+
+    /// The SubjectAccessReview bodies received, in order.
+    pub fn access_reviews(&self) -> Vec<Value> {
+        self.shared.store().access_reviews.clone()
+    }
+
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<Request> {
         self.shared.store().requests.clone()
@@ -619,6 +681,15 @@ struct Store {
     bookmark_interval: Duration,
     watch_list: bool,
     touches: u64,
+    /// Bearer tokens a TokenReview accepts, and who holds each.
+    review_tokens: HashMap<String, TokenHolder>,
+    /// Non-resource grants SubjectAccessReviews are decided by.
+    grants: Vec<Grant>,
+    /// How long each review takes to answer.
+    review_delay: Duration,
+    /// The bodies of the reviews received, in order.
+    token_reviews: Vec<Value>,
+    access_reviews: Vec<Value>,
 }
 
 impl Store {
@@ -638,6 +709,11 @@ impl Store {
             bookmark_interval: Duration::from_secs(1),
             watch_list: false,
             touches: 0,
+            review_tokens: HashMap::new(),
+            grants: Vec::new(),
+            review_delay: Duration::ZERO,
+            token_reviews: Vec::new(),
+            access_reviews: Vec::new(),
         }
     }
 
@@ -1570,6 +1646,8 @@ enum Route {
         ns: Option<String>,
         name: String,
     },
+    /// POST-only review endpoints (authentication.k8s.io / authorization.k8s.io).
+    Review(Review),
     Unknown,
 }
 
@@ -1607,6 +1685,10 @@ impl Route {
                 ns: None,
                 name: (*name).to_owned(),
             },
+            ["apis", "authentication.k8s.io", "v1", "tokenreviews"] => Route::Review(Review::Token),
+            ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"] => {
+                Route::Review(Review::Access)
+            }
             _ => Route::Unknown,
         }
     }
@@ -1780,6 +1862,18 @@ async fn handle(
         return status_reply(&shared, &status);
     }
 
+    if let Route::Review(review) = route {
+        if method != "POST" {
+            return status_reply(&shared, &Status::method_not_allowed());
+        }
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => return status_reply(&shared, &Status::bad_request("cannot read the body")),
+        };
+        return serve_review(&shared, review, &body)
+            .await
+            .unwrap_or_else(|status| status_reply(&shared, &status));
+    }
     if let Err(status) = q.bool("watch") {
         return status_reply(&shared, &status);
     }
@@ -1885,6 +1979,25 @@ fn cut_after(bytes: Bytes) -> Body {
 
 /// The RBAC authorizer's answer when rules are enforced: None if allowed, else the 403.
 fn rbac_denial(shared: &Shared, verb: &str, route: &Route, q: &Query) -> Option<Status> {
+    if let Route::Review(review) = route {
+        let st = shared.store();
+        let rules = st.rules.as_ref()?;
+        let (group, resource) = (review.group(), review.plural());
+        if rules
+            .iter()
+            .any(|r| r.allows_cluster(verb, group, resource))
+        {
+            return None;
+        }
+        return Some(
+            Status::new(
+                403,
+                "Forbidden",
+                format!("{resource}.{group} is forbidden: User {USER:?} cannot {verb} resource {resource:?} in API group {group:?} at the cluster scope"),
+            )
+            .details(json!({"group": group, "kind": resource})),
+        );
+    }
     let (res, ns, path_name) = route.resource()?;
     let st = shared.store();
     let rules = st.rules.as_ref()?;
@@ -2817,4 +2930,261 @@ fn seeded_bytes(seed: &str, n: usize) -> Vec<u8> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reviews: TokenReview and SubjectAccessReview
+// ---------------------------------------------------------------------------------------------
+
+/// The audience kube-apiserver's tokens are for by default (--api-audiences defaults to the
+/// issuer, `https://kubernetes.default.svc` on kubeadm and OpenShift clusters).
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Review {
+    Token,
+    Access,
+}
+
+impl Review {
+    fn group(self) -> &'static str {
+        match self {
+            Review::Token => "authentication.k8s.io",
+            Review::Access => "authorization.k8s.io",
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Review::Token => "tokenreviews",
+            Review::Access => "subjectaccessreviews",
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Review::Token => "TokenReview",
+            Review::Access => "SubjectAccessReview",
+        }
+    }
+}
+
+/// Who holds a token the server accepts.
+#[derive(Debug, Clone)]
+struct TokenHolder {
+    user: String,
+    uid: String,
+    groups: Vec<String>,
+    audiences: Vec<String>,
+}
+
+/// The subject of a ClusterRoleBinding.
+#[derive(Debug, Clone)]
+pub enum Subject {
+    User(String),
+    Group(String),
+}
+
+/// A ClusterRole of nonResourceURLs rules, bound to one subject.
+#[derive(Debug, Clone)]
+struct Grant {
+    name: String,
+    subject: Subject,
+    verbs: Vec<String>,
+    paths: Vec<String>,
+}
+
+impl Grant {
+    /// rbac.NonResourceURLMatches and VerbMatches, for a request by `user` in `groups`.
+    fn allows(&self, user: &str, groups: &[String], verb: &str, path: &str) -> bool {
+        let subject = match &self.subject {
+            Subject::User(u) => u == user,
+            Subject::Group(g) => groups.iter().any(|x| x == g),
+        };
+        let path_matches = |p: &String| {
+            p == "*"
+                || p == path
+                || p.strip_suffix('*')
+                    .is_some_and(|prefix| path.starts_with(prefix))
+        };
+        subject
+            && self.verbs.iter().any(|v| v == "*" || v == verb)
+            && self.paths.iter().any(path_matches)
+    }
+
+    /// The reason RBAC gives when this grant allows.
+    fn reason(&self) -> String {
+        let subject = match &self.subject {
+            Subject::User(u) => format!("User {u:?}"),
+            Subject::Group(g) => format!("Group {g:?}"),
+        };
+        format!(
+            "RBAC: allowed by ClusterRoleBinding {:?} of ClusterRole {:?} to {subject}",
+            self.name, self.name
+        )
+    }
+}
+
+/// The 422 Invalid of a review whose spec fails validation.
+fn invalid_review(review: Review, field: &str, value: &str, detail: &str) -> Status {
+    Status::new(
+        422,
+        "Invalid",
+        format!(
+            "{}.{} {:?} is invalid: {field}: Invalid value: {value}: {detail}",
+            review.kind(),
+            review.group(),
+            ""
+        ),
+    )
+    .details(json!({
+        "group": review.group(),
+        "kind": review.kind(),
+        "causes": [{"reason": "FieldValueInvalid", "message": format!("Invalid value: {value}: {detail}"), "field": field}],
+    }))
+}
+
+/// A POST to a review endpoint, answered as kube-apiserver answers it: 201 Created with the
+/// review, its status filled in.
+async fn serve_review(
+    shared: &Shared,
+    review: Review,
+    body: &[u8],
+) -> Result<Response<Body>, Status> {
+    let mut object: Value = serde_json::from_slice(body).map_err(|e| {
+        Status::bad_request(format!(
+            "error decoding request body: json: cannot unmarshal: {e}"
+        ))
+    })?;
+    let want_version = format!("{}/v1", review.group());
+    if let Some(version) = object.get("apiVersion").and_then(Value::as_str)
+        && version != want_version
+    {
+        return Err(Status::bad_request(format!(
+            "the API version in the data ({version}) does not match the expected API version ({want_version})"
+        )));
+    }
+    let delay = {
+        let mut st = shared.store();
+        match review {
+            Review::Token => st.token_reviews.push(object.clone()),
+            Review::Access => st.access_reviews.push(object.clone()),
+        }
+        st.review_delay
+    };
+    let status = match review {
+        Review::Token => token_review_status(shared, &object)?,
+        Review::Access => access_review_status(shared, &object)?,
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    object["kind"] = json!(review.kind());
+    object["apiVersion"] = json!(want_version);
+    object["metadata"] = json!({"creationTimestamp": null});
+    object["status"] = status;
+    Ok(json_reply(shared, 201, object.to_string()))
+}
+
+/// registry/authentication/tokenreview: the token is required; the audiences asked for
+/// (default the API server's) must meet the token's; an unknown token is not an error of the
+/// request but a status without `authenticated`.
+fn token_review_status(shared: &Shared, object: &Value) -> Result<Value, Status> {
+    let token = object
+        .pointer("/spec/token")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if token.is_empty() {
+        return Err(Status::bad_request(
+            "token is required for TokenReview in authentication",
+        ));
+    }
+    let asked: Vec<String> = object
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .filter(|a: &Vec<String>| !a.is_empty())
+        .unwrap_or_else(|| vec![API_AUDIENCE.to_owned()]);
+    let holder = shared.store().review_tokens.get(token).cloned();
+    let Some(holder) = holder else {
+        return Ok(json!({
+            "user": {},
+            "error": "[invalid bearer token, token lookup failed]",
+        }));
+    };
+    let met: Vec<&String> = asked
+        .iter()
+        .filter(|a| holder.audiences.contains(a))
+        .collect();
+    if met.is_empty() {
+        return Ok(json!({
+            "user": {},
+            "error": format!(
+                "[invalid bearer token, token audiences {:?} is invalid for the target audiences {:?}]",
+                holder.audiences, asked
+            ),
+        }));
+    }
+    Ok(json!({
+        "authenticated": true,
+        "user": {
+            "username": holder.user,
+            "uid": holder.uid,
+            "groups": holder.groups,
+        },
+        "audiences": met,
+    }))
+}
+
+/// registry/authorization/subjectaccessreview: validated as upstream (exactly one of the two
+/// attribute kinds; a user or a group), then decided by the non-resource grants (RBAC). This
+/// server holds no resource rules for other users, so a resource question is denied.
+fn access_review_status(shared: &Shared, object: &Value) -> Result<Value, Status> {
+    let spec = object.get("spec").cloned().unwrap_or(json!({}));
+    let resource = spec.get("resourceAttributes").filter(|v| !v.is_null());
+    let non_resource = spec.get("nonResourceAttributes").filter(|v| !v.is_null());
+    if resource.is_some() == non_resource.is_some() {
+        return Err(invalid_review(
+            Review::Access,
+            "spec.resourceAttributes",
+            "\"null\"",
+            "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        ));
+    }
+    let user = spec.get("user").and_then(Value::as_str).unwrap_or("");
+    let groups: Vec<String> = spec
+        .get("groups")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if user.is_empty() && groups.is_empty() {
+        return Err(invalid_review(
+            Review::Access,
+            "spec.user",
+            "\"\"",
+            "at least one of user or group must be specified",
+        ));
+    }
+    let Some(attrs) = non_resource else {
+        return Ok(json!({"allowed": false}));
+    };
+    let path = attrs.get("path").and_then(Value::as_str).unwrap_or("");
+    let verb = attrs.get("verb").and_then(Value::as_str).unwrap_or("");
+    let st = shared.store();
+    match st
+        .grants
+        .iter()
+        .find(|g| g.allows(user, &groups, verb, path))
+    {
+        Some(grant) => Ok(json!({"allowed": true, "reason": grant.reason()})),
+        None => Ok(json!({"allowed": false})),
+    }
 }
