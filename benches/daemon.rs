@@ -37,6 +37,8 @@
 //! Under `cargo test --benches` (no `--bench`) it runs a short version of each as a smoke
 //! test; no target is judged then.
 
+#[path = "support/agent.rs"]
+mod agent;
 #[path = "../tests/common/apiserver.rs"]
 mod apiserver;
 #[path = "support/clock.rs"]
@@ -46,18 +48,16 @@ mod report;
 #[path = "support/signers.rs"]
 mod signers;
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::fs;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use agent::{Agent, bare_replace, p50_p99, sha256_hex};
 use apiserver::ApiServer;
 use notify::Watcher;
 use report::{Table, ms, percentile};
-use sha2::{Digest, Sha256};
 use signers::KeyPool;
 
 const NS: &str = "openshift-config-managed";
@@ -114,196 +114,6 @@ fn main() {
     table.print();
 }
 
-/// A running agent, its stderr lines timestamped as they come.
-struct Agent {
-    child: Child,
-    dir: tempfile::TempDir,
-    port: u16,
-    lines: mpsc::Receiver<(Instant, String)>,
-}
-
-impl Agent {
-    /// `run` with `sources`, a bundle under `dir`/etc, plain-HTTP metrics on loopback, the
-    /// default log level (info).
-    fn start(
-        dir: tempfile::TempDir,
-        sources: &[String],
-        kubeconfig: Option<&Path>,
-        notify: Option<&Path>,
-    ) -> Agent {
-        fs::create_dir_all(dir.path().join("etc")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubelet-ca-agent"));
-        cmd.arg("run");
-        for source in sources {
-            cmd.arg("--source").arg(source);
-        }
-        if let Some(kubeconfig) = kubeconfig {
-            cmd.arg("--kubeconfig").arg(kubeconfig);
-        }
-        cmd.arg("--bundle")
-            .arg(dir.path().join("etc/kubelet-ca.crt"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--insecure-metrics",
-            ])
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(socket) = notify {
-            cmd.env("NOTIFY_SOCKET", socket);
-        }
-        let mut child = cmd.spawn().expect("start the agent");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                // Keep draining when nobody listens, so the agent never blocks on the pipe.
-                let _ = tx.send((Instant::now(), line));
-            }
-        });
-        Agent {
-            child,
-            dir,
-            port,
-            lines,
-        }
-    }
-
-    fn bundle(&self) -> PathBuf {
-        self.dir.path().join("etc/kubelet-ca.crt")
-    }
-
-    fn holds(&self, content: &str) -> bool {
-        fs::read(self.bundle()).is_ok_and(|b| b == content.as_bytes())
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn rss_mib(&self) -> f64 {
-        status_kib(self.pid(), "VmRSS:") as f64 / 1024.0
-    }
-
-    fn peak_rss_mib(&self) -> f64 {
-        status_kib(self.pid(), "VmHWM:") as f64 / 1024.0
-    }
-
-    /// CPU time of the whole process (every thread, exited ones too).
-    fn cpu_time(&self) -> Duration {
-        process_cpu_time(self.pid())
-    }
-
-    /// Bytes the process read (`rchar` of /proc/PID/io): files, pipes and sockets.
-    fn read_bytes(&self) -> u64 {
-        fs::read_to_string(format!("/proc/{}/io", self.pid()))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("rchar:")?.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// One GET /metrics on a new connection, read to the end.
-    fn scrape(&self) -> String {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        assert!(out.starts_with("HTTP/1.1 200"), "{}", first_line(&out));
-        out
-    }
-
-    /// Waits for the file to hold `content`; the agent's log is shown if it does not.
-    fn wait_holds(&self, content: &str, limit: Duration) {
-        let start = Instant::now();
-        while !self.holds(content) {
-            if start.elapsed() > limit {
-                let log: Vec<String> = self.lines.try_iter().map(|(_, l)| l).collect();
-                panic!(
-                    "the bundle did not follow within {limit:?}; agent log:\n{}",
-                    log.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or("")
-}
-
-fn status_kib(pid: u32, name: &str) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .trim()
-                .strip_suffix(" kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
-/// CPU time of process `pid` from its process CPU clock (all its threads, exited ones
-/// included, to the nanosecond); else from /proc/PID/stat (10 ms ticks).
-fn process_cpu_time(pid: u32) -> Duration {
-    if let Some(time) = clock::process(pid) {
-        return time;
-    }
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// Times of the bare replace the agent cannot avoid: (write + fsync + rename, and then the
-/// fsync of the directory too).
-fn bare_replace(dir: &Path, bytes: &[u8]) -> (Duration, Duration) {
-    let target = dir.join("bare.crt");
-    let temp = dir.join(".bare.crt.tmp");
-    let start = Instant::now();
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&temp)
-        .unwrap();
-    f.write_all(bytes).unwrap();
-    f.sync_all().unwrap();
-    fs::rename(&temp, &target).unwrap();
-    let renamed = start.elapsed();
-    File::open(dir).unwrap().sync_all().unwrap();
-    (renamed, start.elapsed())
-}
-
 /// Watches the bundle's directory; sends the instant each rename onto (or creation of)
 /// the bundle is seen.
 fn rename_watcher(bundle: &Path) -> (notify::RecommendedWatcher, mpsc::Receiver<Instant>) {
@@ -329,10 +139,6 @@ fn rename_watcher(bundle: &Path) -> (notify::RecommendedWatcher, mpsc::Receiver<
         )
         .unwrap();
     (watcher, rx)
-}
-
-fn p50_p99(samples: &mut [Duration]) -> (Duration, Duration) {
-    (percentile(samples, 0.5), percentile(samples, 0.99))
 }
 
 /// ConfigMap rotations at 10 certificates: latency beside the bare cost, memory, idle CPU
