@@ -468,45 +468,56 @@ fn a_serving_certificate_replaced_by_rename_is_served_at_once() {
 /// The service account a cluster's Prometheus scrapes as.
 const PROMETHEUS_SA: &str = "system:serviceaccount:openshift-monitoring:prometheus-k8s";
 
-/// An agent on a local source whose endpoint takes client certificates from `scrapers` and
-/// bearer tokens reviewed by `api`, with `extra` flags.
-fn agent_with_webhooks(
-    node: &Node,
-    api: &ApiServer,
-    scrapers: &Signer,
-    extra: &[&str],
-) -> (Endpoint, Agent) {
+/// An API server, and an agent on a local source whose endpoint takes client certificates
+/// from `scrapers` and bearer tokens reviewed by `api`.
+struct Webhooks {
+    api: ApiServer,
+    node: Node,
+    scrapers: Signer,
+    endpoint: Endpoint,
+    agent: Agent,
+}
+
+/// [`Webhooks`] with the endpoint's `extra` flags.
+fn with_webhooks(extra: &[&str]) -> Webhooks {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let scrapers = Signer::new("scrapers", Algorithm::P256);
     let source = node.source(
         "signers.pem",
         Signer::new("kubelet-signer", Algorithm::P256).pem(),
     );
     let client_ca = node.root().join("scrapers-ca.crt");
     fs::write(&client_ca, scrapers.pem()).unwrap();
-    let endpoint = Endpoint::new(node, &client_ca, extra);
+    let endpoint = Endpoint::new(&node, &client_ca, extra);
     let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
-    let agent = endpoint.start(node, &[&source], &["--kubeconfig", &kubeconfig]);
+    let agent = endpoint.start(&node, &[&source], &["--kubeconfig", &kubeconfig]);
     wait_until(10 * SECOND, || {
         endpoint.get(&agent, "/livez", None).0 == 200
     });
-    (endpoint, agent)
+    Webhooks {
+        api,
+        node,
+        scrapers,
+        endpoint,
+        agent,
+    }
 }
 
 #[test]
 fn bearer_tokens_are_reviewed_and_requests_authorized_by_subject_access_reviews() {
-    let api = ApiServer::start();
+    let Webhooks {
+        api,
+        node,
+        scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&["--authentication-token-webhook", "--authorization-webhook"]);
     api.grant(Subject::User(PROMETHEUS_SA.into()), &["get"], &["/metrics"]);
     api.grant(
         Subject::Group("system:monitoring".into()),
         &["get"],
         &["/metrics", "/federate"],
-    );
-    let node = Node::new();
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let (endpoint, agent) = agent_with_webhooks(
-        &node,
-        &api,
-        &scrapers,
-        &["--authentication-token-webhook", "--authorization-webhook"],
     );
     let allowed = api.issue_token(PROMETHEUS_SA, &["system:serviceaccounts"]);
     let member = api.issue_token("alice", &["system:authenticated", "system:monitoring"]);
@@ -605,16 +616,14 @@ fn bearer_tokens_are_reviewed_and_requests_authorized_by_subject_access_reviews(
 
 #[test]
 fn fifty_concurrent_requests_with_one_token_make_one_review_of_each_kind() {
-    let api = ApiServer::start();
+    let Webhooks {
+        api,
+        node: _node,
+        scrapers: _scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&["--authentication-token-webhook", "--authorization-webhook"]);
     api.grant(Subject::User(PROMETHEUS_SA.into()), &["get"], &["/metrics"]);
-    let node = Node::new();
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let (endpoint, agent) = agent_with_webhooks(
-        &node,
-        &api,
-        &scrapers,
-        &["--authentication-token-webhook", "--authorization-webhook"],
-    );
     let token = api.issue_token(PROMETHEUS_SA, &[]);
     // Every review takes a while, so that all fifty requests arrive while one is asked.
     api.set_review_delay(3 * SECOND);
@@ -652,23 +661,21 @@ fn fifty_concurrent_requests_with_one_token_make_one_review_of_each_kind() {
 
 #[test]
 fn tokens_for_other_audiences_are_refused_and_the_allow_list_applies_to_tokens() {
-    let api = ApiServer::start();
-    let node = Node::new();
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let (endpoint, agent) = agent_with_webhooks(
-        &node,
-        &api,
-        &scrapers,
-        &[
-            "--authentication-token-webhook",
-            "--authentication-token-audiences",
-            "kubelet-ca-agent",
-            // The allow-list decides: no SubjectAccessReview is made.
-            "--authorization-webhook",
-            "--authorized-users",
-            PROMETHEUS_SA,
-        ],
-    );
+    let Webhooks {
+        api,
+        node: _node,
+        scrapers: _scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&[
+        "--authentication-token-webhook",
+        "--authentication-token-audiences",
+        "kubelet-ca-agent",
+        // The allow-list decides: no SubjectAccessReview is made.
+        "--authorization-webhook",
+        "--authorized-users",
+        PROMETHEUS_SA,
+    ]);
     let ours = api.issue_token_for(PROMETHEUS_SA, &[], &["kubelet-ca-agent"]);
     let for_the_api = api.issue_token_for(PROMETHEUS_SA, &[], &[API_AUDIENCE]);
     let someone_else = api.issue_token_for("alice", &[], &["kubelet-ca-agent"]);
@@ -692,19 +699,17 @@ fn tokens_for_other_audiences_are_refused_and_the_allow_list_applies_to_tokens()
 
 #[test]
 fn a_token_that_cannot_be_reviewed_is_refused_and_says_why() {
-    let api = ApiServer::start();
-    let node = Node::new();
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let (endpoint, agent) = agent_with_webhooks(
-        &node,
-        &api,
-        &scrapers,
-        &[
-            "--authentication-token-webhook",
-            "--authorized-users",
-            PROMETHEUS_SA,
-        ],
-    );
+    let Webhooks {
+        api,
+        node,
+        scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&[
+        "--authentication-token-webhook",
+        "--authorized-users",
+        PROMETHEUS_SA,
+    ]);
     // The agent's own identity may not create TokenReviews (RBAC without the webhook rule).
     api.restrict_to(vec![]);
     let token = api.issue_token(PROMETHEUS_SA, &[]);
