@@ -22,7 +22,7 @@ use crate::error::{Exit, UsageError};
 use crate::fsutil::{Links, open_regular, read_bounded};
 use crate::state::StateDir;
 use crate::text::escape;
-use check::{Drift, Root};
+use check::{Drift, Found, Root};
 use content::Expected;
 use rendered::{Rendered, normalize};
 
@@ -245,7 +245,8 @@ fn check(args: DriftCheckArgs) -> anyhow::Result<Exit> {
                 continue;
             }
         };
-        if let Expected::Remote(scheme) = &expected {
+        // A file that is not there has no content to leave unchecked.
+        if let (Expected::Remote(scheme), Found::Regular { .. }) = (&expected, &found) {
             report.not_checked.push(NotChecked {
                 path: file.path.clone(),
                 entry: file.at.to_string(),
@@ -361,7 +362,11 @@ const MAX_RENDERED_BYTES: usize = 64 << 20;
 
 /// The rendered config's text, and its name for messages. `-` reads standard input.
 fn read_rendered(path: &Path) -> Result<(String, String), UsageError> {
-    let name = escape(&path.display().to_string()).into_owned();
+    let name = if path == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        escape(&path.display().to_string()).into_owned()
+    };
     let unreadable = |e: io::Error| UsageError(format!("cannot read {name}: {e}"));
     let bytes = if path == Path::new("-") {
         read_bounded(io::stdin().lock(), MAX_RENDERED_BYTES).map_err(unreadable)?
