@@ -711,10 +711,12 @@ fn migrate(node: &Node, agent: &Agent, bundle: &str) {
     wait_until(5 * SECOND, || {
         agent.get("/readyz").is_some_and(|(code, _)| code == 200)
     });
+    // The old writer's config carries a bundle of its own time, older than the file's.
+    let older = pki::bundle_of(1, "older-signer");
     let old = write_json(
         node,
         "rendered-old.json",
-        &machineconfig(rendered_with_bundle(bundle.as_bytes())),
+        &machineconfig(rendered_with_bundle(older.as_bytes())),
     );
     let out = strip(node, &old);
     assert!(out.status.success(), "{}", stderr(&out));
