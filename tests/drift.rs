@@ -785,3 +785,22 @@ fn migration_with_the_api_server_gone_after_the_first_sync_the_deleted_bundle_co
     api.stop();
     migrate(&node, &agent, &pem);
 }
+
+#[test]
+fn links_under_the_root_resolve_inside_it() {
+    let (node, _) = synced_node();
+    let rendered = write_json(&node, "rendered.json", &rendered_with_bundle(b"old"));
+    // /etc/crio is an absolute link, as in a node image: under --root it must lead to the
+    // node's /etc/crio-real, never to the host's.
+    let crio = on_node(&node, "/etc/crio");
+    fs::rename(&crio, on_node(&node, "/etc/crio-real")).unwrap();
+    std::os::unix::fs::symlink("/etc/crio-real", &crio).unwrap();
+    let out = check(&node, &rendered, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
