@@ -337,6 +337,9 @@ pub struct DriftExclusionsArgs {
 /// `drift check --output`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DriftOutput {
+    /// One line per difference, then a summary (`table` is accepted too, so that a
+    /// KUBELET_CA_AGENT_OUTPUT set for `inspect` does not break `drift check`).
+    #[value(alias = "table")]
     Text,
     Json,
 }
