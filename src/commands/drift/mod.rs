@@ -417,6 +417,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_drift_flag_can_be_set_from_the_environment() {
+        use clap::CommandFactory;
+        let cli = crate::cli::Cli::command();
+        let drift = cli.find_subcommand("drift").expect("drift");
+        for command in drift.get_subcommands() {
+            for arg in command.get_arguments() {
+                if arg.get_long().is_some() && !["help"].contains(&arg.get_id().as_str()) {
+                    let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                    let expected = format!(
+                        "KUBELET_CA_AGENT_{}",
+                        arg.get_long().unwrap().to_uppercase().replace('-', "_")
+                    );
+                    assert_eq!(env, Some(expected), "drift {}", command.get_name());
+                }
+            }
+        }
+    }
+
+    #[test]
     fn aide_rules_match_only_the_path() {
         assert_eq!(
             aide_regex("/etc/kubernetes/kubelet-ca.crt"),
