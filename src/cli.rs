@@ -54,6 +54,14 @@ pub enum Command {
                       unreadable or holds no certificate."
     )]
     Inspect(InspectArgs),
+    /// Keep the managed files out of configuration-drift checks and rendered node configs.
+    #[command(
+        subcommand,
+        long_about = "Keep the managed files out of configuration-drift checks and rendered node configs.\n\n\
+                      The managed files are read from <state-dir>/managed-files.json (written by run \
+                      and sync), or taken from --bundle when it does not exist yet."
+    )]
+    Drift(DriftCommand),
     /// Print the version.
     Version,
 }
@@ -270,6 +278,135 @@ pub struct InspectArgs {
     /// Count a certificate that expires within this duration as a problem (exit 1), e.g. 30d.
     #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_WARN_WITHIN", default_value = "0s", value_parser = parse_duration)]
     pub warn_within: Duration,
+}
+
+// `drift`: its own block, so that it merges apart from the other commands' flags.
+
+#[derive(Debug, Subcommand)]
+pub enum DriftCommand {
+    /// Print the managed paths as exclusion rules for drift monitors and file-integrity tools.
+    #[command(
+        long_about = "Print the managed paths as exclusion rules for drift monitors and \
+                      file-integrity tools: one path per line (plain), AIDE rules such as \
+                      !/etc/kubernetes/kubelet-ca.crt$ (aide), or the paths with the SHA-256 of \
+                      their current content (json).\n\n\
+                      Exits 0, or 2 when managed-files.json cannot be read."
+    )]
+    Exclusions(DriftExclusionsArgs),
+    /// Compare a rendered node config (Ignition v3, or a MachineConfig) with the files on disk.
+    #[command(
+        long_about = "Compare a rendered node config with the files on disk: an Ignition v3.0 to \
+                      v3.4 JSON document, or a MachineConfig JSON whose spec.config holds one. \
+                      Each file in storage.files is compared with the file under --root: it must \
+                      exist as a regular file, hold the content of its data: URL (percent-encoded \
+                      or base64, gzip-compressed or not, followed by its append entries) and have \
+                      its mode (0644 when unset). Content from other URLs (https:, s3:, ...) \
+                      cannot be fetched offline: it is reported as not checked, not as drift. \
+                      The managed files are never reported, whatever the config says about them.\n\n\
+                      Exits 0 when no file drifted, 1 when one did, 2 when the document is \
+                      unreadable or invalid (the message says where, e.g. \
+                      storage.files[3].contents.source) or a file cannot be read."
+    )]
+    Check(DriftCheckArgs),
+    /// Print a rendered node config with the managed files removed from storage.files.
+    #[command(
+        long_about = "Print a rendered node config (Ignition v3 JSON, or a MachineConfig JSON \
+                      whose spec.config holds one) with the managed files removed from \
+                      storage.files, so that a config renderer can stop carrying them. Every other \
+                      byte of the document is printed as it was.\n\n\
+                      Exits 0, or 2 when the document is unreadable or invalid."
+    )]
+    Strip(DriftStripArgs),
+}
+
+/// Where the managed files are recorded, for every `drift` command.
+#[derive(Debug, Args)]
+pub struct ManagedArgs {
+    /// The managed bundle, used when <state-dir>/managed-files.json does not exist yet.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_CA_AGENT_BUNDLE",
+        default_value = "/etc/kubernetes/kubelet-ca.crt"
+    )]
+    pub bundle: PathBuf,
+    /// The agent's state directory, which holds managed-files.json.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_CA_AGENT_STATE_DIR",
+        default_value = "/var/lib/kubelet-ca-agent"
+    )]
+    pub state_dir: PathBuf,
+}
+
+/// `drift exclusions --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExclusionFormat {
+    /// One path per line.
+    Plain,
+    /// AIDE rules: `!<path>$`.
+    Aide,
+    /// `{"files": [{"path": ..., "sha256": ...}], ...}`.
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct DriftExclusionsArgs {
+    #[command(flatten)]
+    pub managed: ManagedArgs,
+    /// Output format.
+    #[arg(long, env = "KUBELET_CA_AGENT_FORMAT", value_enum, default_value_t = ExclusionFormat::Plain)]
+    pub format: ExclusionFormat,
+}
+
+/// `drift check --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DriftOutput {
+    /// One line per difference, then a summary (`table` is accepted too, so that a
+    /// KUBELET_CA_AGENT_OUTPUT set for `inspect` does not break `drift check`).
+    #[value(alias = "table")]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct DriftCheckArgs {
+    #[command(flatten)]
+    pub managed: ManagedArgs,
+    /// The rendered config: Ignition v3 JSON, or a MachineConfig JSON; - reads standard input.
+    #[arg(long, value_name = "FILE", env = "KUBELET_CA_AGENT_RENDERED")]
+    pub rendered: PathBuf,
+    /// The directory the config's paths are relative to (a mounted node image, a chroot).
+    /// Links under it resolve as if it were /.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "KUBELET_CA_AGENT_ROOT",
+        default_value = "/"
+    )]
+    pub root: PathBuf,
+    /// Output format.
+    #[arg(long, short, env = "KUBELET_CA_AGENT_OUTPUT", value_enum, default_value_t = DriftOutput::Text)]
+    pub output: DriftOutput,
+}
+
+#[derive(Debug, Args)]
+pub struct DriftStripArgs {
+    #[command(flatten)]
+    pub managed: ManagedArgs,
+    /// The rendered config: Ignition v3 JSON, or a MachineConfig JSON; - reads standard input.
+    #[arg(long, value_name = "FILE", env = "KUBELET_CA_AGENT_RENDERED")]
+    pub rendered: PathBuf,
+    /// The directory the config's paths are relative to, as for `check`: a managed file
+    /// recorded under it is also known by its path inside it.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "KUBELET_CA_AGENT_ROOT",
+        default_value = "/"
+    )]
+    pub root: PathBuf,
 }
 
 fn parse_source_spec(s: &str) -> Result<SourceSpec, String> {

@@ -42,6 +42,7 @@ pub fn run() -> anyhow::Result<Exit> {
         Command::Run(args) => daemon::run(*args),
         Command::Sync(args) => commands::sync::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Drift(command) => commands::drift::run(command),
         Command::Version => Ok(commands::version()),
     }
 }

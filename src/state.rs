@@ -120,6 +120,44 @@ impl StateDir {
         self.write_json(MANAGED_FILES, &file)
     }
 
+    /// Where `managed-files.json` is.
+    pub fn managed_files_path(&self) -> PathBuf {
+        self.path.join(MANAGED_FILES)
+    }
+
+    /// `managed-files.json`, or `None` when there is none yet. A file that cannot be read
+    /// or does not parse is an error: whoever asks must not guess which files are managed.
+    pub fn load_managed_files(&self) -> io::Result<Option<ManagedFiles>> {
+        use crate::fsutil::{Links, not_regular, open_regular, read_bounded};
+        const LIMIT: usize = 1 << 20;
+        let path = self.managed_files_path();
+        let file = match open_regular(&path, Links::Follow) {
+            Ok(Ok((file, _))) => file,
+            Ok(Err(kind)) => return Err(not_regular(&path, kind)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let bytes = read_bounded(&file, LIMIT)?;
+        if bytes.len() > LIMIT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "larger than 1 MiB: not one the agent wrote",
+            ));
+        }
+        let managed: ManagedFiles = serde_json::from_slice(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if managed.version != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "version {} is not one this agent reads (1): it was written by another version",
+                    managed.version
+                ),
+            ));
+        }
+        Ok(Some(managed))
+    }
+
     fn write_json(&self, name: &str, value: &impl Serialize) -> io::Result<()> {
         let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
         bytes.push(b'\n');

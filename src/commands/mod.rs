@@ -1,6 +1,7 @@
 //! The one-shot commands. Each takes its parsed arguments and returns the exit code, or an
 //! error that `main` prints as one line.
 
+pub mod drift;
 pub mod inspect;
 pub mod sync;
 
