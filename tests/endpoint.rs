@@ -17,6 +17,7 @@ use common::Node;
 use common::apiserver::{API_AUDIENCE, ApiServer, Subject};
 use common::daemon::{Agent, wait_until};
 use common::pki::{Algorithm, Signer};
+use common::prometheus::Prometheus;
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -339,20 +340,6 @@ fn three_hundred_silent_connections_do_not_stop_a_scrape_or_a_probe() {
     drop(silent);
 }
 
-/// GET from a local Prometheus's HTTP API; the body.
-fn prometheus_api(port: u16, path: &str) -> String {
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{port}{path}"),
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn a_real_prometheus_scrapes_the_endpoint_over_mutual_tls() {
     let node = Node::new();
@@ -372,42 +359,26 @@ fn a_real_prometheus_scrapes_the_endpoint_over_mutual_tls() {
         endpoint.get(&agent, "/livez", None).0 == 200
     });
 
-    let prometheus_port = common::daemon::free_port();
-    let config = node.root().join("prometheus.yml");
-    fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n- job_name: kubelet-ca-agent\n  scheme: https\n  tls_config:\n    ca_file: {ca}\n    cert_file: {cert}\n    key_file: {key}\n    server_name: localhost\n  static_configs:\n  - targets: ['127.0.0.1:{port}']\n",
-            ca = endpoint.serving_ca.display(),
-            cert = client.cert.display(),
-            key = client.key.display(),
-            port = agent.port,
-        ),
-    )
-    .unwrap();
-    let data = node.root().join("prometheus-data");
-    let mut prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", data.display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(fs::File::create(node.root().join("prometheus.log")).unwrap())
-        .spawn()
-        .expect("prometheus is installed");
-    let up = common::daemon::eventually(30 * SECOND, || {
-        prometheus_api(prometheus_port, "/api/v1/targets").contains("\"health\":\"up\"")
-    });
+    let scrape = format!(
+        "- job_name: kubelet-ca-agent\n  scheme: https\n  tls_config:\n    ca_file: {ca}\n    cert_file: {cert}\n    key_file: {key}\n    server_name: localhost\n  static_configs:\n  - targets: ['127.0.0.1:{port}']\n",
+        ca = endpoint.serving_ca.display(),
+        cert = client.cert.display(),
+        key = client.key.display(),
+        port = agent.port,
+    );
+    let prometheus = Prometheus::start(node.root(), &scrape, &[]);
+    let up = prometheus.wait_targets_up(30 * SECOND);
     let series = common::daemon::eventually(10 * SECOND, || {
-        let answer = prometheus_api(prometheus_port, "/api/v1/query?query=x509_cert_not_after");
-        answer.contains("\"subject_CN\":\"kubelet-signer\"")
+        let answer = prometheus.query("x509_cert_not_after");
+        answer
+            .to_string()
+            .contains("\"subject_CN\":\"kubelet-signer\"")
     });
-    let _ = prometheus.kill();
-    let _ = prometheus.wait();
-    let targets = prometheus_api(prometheus_port, "/api/v1/targets");
     assert!(
         up,
-        "the target is not up: {targets} {}",
-        fs::read_to_string(node.root().join("prometheus.log")).unwrap_or_default()
+        "the target is not up: {} {}",
+        prometheus.api("/api/v1/targets"),
+        prometheus.log()
     );
     assert!(series, "x509_cert_not_after is not in Prometheus");
 }

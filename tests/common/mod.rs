@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod daemon;
 pub mod pki;
+pub mod prometheus;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
