@@ -67,7 +67,7 @@ mod tests {
             missing_since: Some(now - 60),
         }];
         let kept = apply(&previous, std::slice::from_ref(&carried), 61, now);
-        assert_eq!(kept.kept, [gone.clone()]);
+        assert_eq!(kept.kept, std::slice::from_ref(&gone));
         assert_eq!(
             kept.memory,
             [
@@ -85,7 +85,7 @@ mod tests {
         assert!(ended.kept.is_empty());
         assert_eq!(ended.memory.len(), 1);
         // Back in a source: no longer missing, and not kept twice.
-        let back = apply(&previous, &[gone.clone()], 61, now);
+        let back = apply(&previous, std::slice::from_ref(&gone), 61, now);
         assert!(back.kept.is_empty());
         assert_eq!(back.memory[0].missing_since, None);
     }

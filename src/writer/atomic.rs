@@ -232,7 +232,7 @@ mod tests {
         temp.file.unlock().unwrap();
         assert_eq!(
             remove_stale_temp_files(dir.path()).unwrap(),
-            [temp.path.clone()]
+            std::slice::from_ref(&temp.path)
         );
         let mut left: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
