@@ -378,3 +378,82 @@ pub fn readable_certificates(bytes: &[u8]) -> Vec<Certificate> {
         .map(|(_, c)| c)
         .collect()
 }
+
+#[cfg(test)]
+mod records_tests {
+    use std::fs;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Waits until `failures` moves past `seen`: the records thread has taken what was
+    /// sent and tried again.
+    fn next_failure(failures: &AtomicUsize, seen: usize) -> usize {
+        let start = Instant::now();
+        while failures.load(Ordering::SeqCst) == seen {
+            assert!(start.elapsed() < Duration::from_secs(10), "no retry");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        failures.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn records_held_back_by_a_broken_state_directory_are_kept_in_order_bounded_and_with_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        // A file where the history directory should be: every history record fails.
+        let blocker = state.join("history");
+        fs::write(&blocker, b"in the way").unwrap();
+        let keeper = Keeper {
+            state: StateDir::new(state.clone()),
+            history: History::new(&state),
+            bundle: dir.path().join("kubelet-ca.crt"),
+        };
+        let failures = Arc::new(AtomicUsize::new(0));
+        let counted = failures.clone();
+        let (queue, records) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            keeper.serve(records, move |kind| {
+                assert_eq!(kind, "history");
+                counted.fetch_add(1, Ordering::SeqCst);
+            })
+        });
+        let at = OffsetDateTime::now_utc();
+        let mut seen = 0;
+        // Twelve replaced bundles, with the state of the file in between: a newer
+        // managed-files record replaces an older one, never a history entry.
+        for n in 1..=12 {
+            queue
+                .send(Record::History(format!("bundle {n}").into_bytes(), at))
+                .unwrap();
+            seen = next_failure(&failures, seen);
+            queue
+                .send(Record::ManagedFiles(format!("sha-{n}")))
+                .unwrap();
+            seen = next_failure(&failures, seen);
+        }
+        // Backing off: no retry in the next second and a half (the delay doubled past it).
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            failures.load(Ordering::SeqCst),
+            seen,
+            "retried without backoff"
+        );
+        // The state directory is fixed; at stop, what is held back is written.
+        fs::remove_file(&blocker).unwrap();
+        drop(queue);
+        thread.join().unwrap();
+        let saved: Vec<String> = History::new(&state)
+            .list()
+            .unwrap()
+            .iter()
+            .map(|p| String::from_utf8(fs::read(p).unwrap()).unwrap())
+            .collect();
+        let newest: Vec<String> = (3..=12).map(|n| format!("bundle {n}")).collect();
+        assert_eq!(saved, newest);
+        let managed = fs::read_to_string(state.join("managed-files.json")).unwrap();
+        assert!(managed.contains("sha-12"), "{managed}");
+    }
+}

@@ -348,6 +348,33 @@ fn a_changed_mode_is_put_back_without_rewriting_the_file() {
 }
 
 #[test]
+fn a_changed_owner_is_put_back_without_rewriting_the_file() {
+    use std::os::unix::fs::MetadataExt;
+    if !require(common::is_root(), "changing a file's owner needs root") {
+        return;
+    }
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "ca");
+    let source = node.source("signers.pem", &pem);
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || node.holds(&pem));
+    let (inode, ..) = fingerprint_file(&node.bundle());
+    std::os::unix::fs::chown(node.bundle(), Some(65534), Some(65534)).unwrap();
+    let owner = || {
+        let m = fs::metadata(node.bundle()).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o777)
+    };
+    wait_until(SECOND, || owner() == (0, 0, 0o644));
+    assert_eq!(
+        fingerprint_file(&node.bundle()).0,
+        inode,
+        "the file was rewritten"
+    );
+    agent.wait_listening();
+    agent.wait_metric(SECOND, "kubelet_ca_repairs_total{", 1.0);
+}
+
+#[test]
 fn an_emptied_member_of_a_dir_source_does_not_drop_its_signers() {
     let node = Node::new();
     let dir = node.root().join("signers");

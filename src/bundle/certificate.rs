@@ -164,3 +164,80 @@ fn describe_x509_error(e: &x509_parser::nom::Err<x509_parser::error::X509Error>)
         x509_parser::nom::Err::Error(e) | x509_parser::nom::Err::Failure(e) => e.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundle::test_certs::ca;
+
+    const T: i64 = 1_900_000_000;
+
+    #[test]
+    fn valid_from_not_before_through_the_last_second_of_not_after() {
+        let c = ca(Some("signer"), None, T - 100, T);
+        assert!(!c.is_valid_at(T - 101));
+        assert!(c.is_valid_at(T - 100));
+        assert!(c.is_valid_at(T));
+        assert!(!c.is_valid_at(T + 1));
+        assert!(!c.is_expired_at(T - 100));
+        assert!(!c.is_expired_at(T));
+        assert!(c.is_expired_at(T + 1));
+    }
+
+    #[test]
+    fn display_name_falls_back_to_the_organization_then_the_fingerprint() {
+        let both = ca(Some("kube-csr-signer"), Some("openshift"), T - 100, T);
+        assert_eq!(both.display_name(), "kube-csr-signer");
+        assert_eq!(both.subject_o, "openshift");
+        let organization = ca(None, Some("openshift"), T - 100, T);
+        assert_eq!(organization.display_name(), "O=openshift");
+        let anonymous = ca(None, None, T - 100, T);
+        let hex = anonymous.fingerprint().to_hex();
+        assert_eq!(anonymous.display_name(), format!("sha256:{}", &hex[..12]));
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_sha256_of_the_der_in_full_or_twelve_digits() {
+        let c = ca(Some("signer"), None, T - 100, T);
+        let hex = hex::encode(Sha256::digest(c.der()));
+        assert_eq!(c.fingerprint().to_hex(), hex);
+        assert_eq!(c.fingerprint().to_string(), hex);
+        assert_eq!(c.fingerprint().short(), hex[..12]);
+        assert_eq!(
+            format!("{:?}", c.fingerprint()),
+            format!("Fingerprint({})", &hex[..12])
+        );
+    }
+
+    #[test]
+    fn debug_output_names_the_certificate_without_its_der() {
+        // Debug output can reach a log line: a name and a short fingerprint, never the
+        // certificate itself (SPEC 7).
+        let c = ca(Some("signer"), None, T - 100, T);
+        let debug = format!("{c:?}");
+        assert!(debug.contains("\"signer\""), "{debug}");
+        assert!(debug.contains(&c.fingerprint().short()), "{debug}");
+        assert!(!debug.contains(&hex::encode(c.der())), "{debug}");
+        assert!(!debug.contains(&format!("{:?}", c.der())), "{debug}");
+    }
+
+    #[test]
+    fn a_cut_der_is_unparsable_with_a_reason_and_no_bytes() {
+        let c = ca(Some("signer"), None, T - 100, T);
+        let cut = &c.der()[..c.der().len() / 2];
+        match Certificate::from_der(cut) {
+            // The parser's word for input that ends too soon, whichever way it says it.
+            Err(CertificateError::Unparsable(reason)) => assert!(
+                reason == "truncated DER" || reason.to_lowercase().contains("eof"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let mut trailing = c.der().to_vec();
+        trailing.extend_from_slice(&[0, 0]);
+        assert_eq!(
+            Certificate::from_der(&trailing).unwrap_err(),
+            CertificateError::TrailingData(2)
+        );
+    }
+}

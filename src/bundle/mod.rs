@@ -147,3 +147,81 @@ pub fn build(
         memory: retention.memory,
     })
 }
+
+/// Certificates made when a unit test runs (dates are whatever the test asks for, so
+/// nothing here can expire), for the unit tests of the bundle engine.
+#[cfg(test)]
+pub(crate) mod test_certs {
+    use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair};
+    use time::OffsetDateTime;
+
+    use super::Certificate;
+
+    /// A self-signed CA with the given subject CN and O (either may be absent), valid from
+    /// `not_before` to `not_after` (unix seconds).
+    pub fn ca(cn: Option<&str>, o: Option<&str>, not_before: i64, not_after: i64) -> Certificate {
+        let mut params = CertificateParams::default();
+        let mut name = DistinguishedName::new();
+        if let Some(cn) = cn {
+            name.push(DnType::CommonName, cn);
+        }
+        if let Some(o) = o {
+            name.push(DnType::OrganizationName, o);
+        }
+        params.distinguished_name = name;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.not_before = OffsetDateTime::from_unix_timestamp(not_before).unwrap();
+        params.not_after = OffsetDateTime::from_unix_timestamp(not_after).unwrap();
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        Certificate::from_der(params.self_signed(&key).unwrap().der()).unwrap()
+    }
+
+    /// Unix seconds now.
+    pub fn now() -> i64 {
+        OffsetDateTime::now_utc().unix_timestamp()
+    }
+}
+
+#[cfg(test)]
+mod build_tests {
+    use super::test_certs::{ca, now};
+    use super::*;
+
+    fn source(certificates: Vec<Certificate>) -> SourceCertificates {
+        SourceCertificates {
+            certificates,
+            not_ca: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_bundle_counts_its_certificates_once_each() {
+        let now = now();
+        let a = ca(Some("a"), None, now - 60, now + 3600);
+        let b = ca(Some("b"), None, now - 60, now + 3600);
+        assert!(Bundle::default().is_empty());
+        assert_eq!(Bundle::default().len(), 0);
+        let bundle = Bundle::from_certificates([a.clone(), b, a]);
+        assert!(!bundle.is_empty());
+        assert_eq!(bundle.len(), 2);
+    }
+
+    #[test]
+    fn a_merge_with_nothing_valid_now_is_refused_and_says_how_many_it_holds() {
+        let now = now();
+        let expired = ca(Some("expired"), None, now - 7200, now - 3600);
+        let future = ca(Some("next"), None, now + 3600, now + 7200);
+        let refused = build(
+            &[source(vec![expired, future])],
+            &[],
+            Policy::default(),
+            now,
+        )
+        .unwrap_err();
+        assert_eq!(refused, NoValidCertificate { total: 2 });
+        assert!(
+            refused.to_string().contains("holds 2 certificate(s)"),
+            "{refused}"
+        );
+    }
+}

@@ -396,3 +396,81 @@ mod tests {
         assert_eq!(reasons, ["private_key", "malformed_pem"]);
     }
 }
+
+#[cfg(test)]
+mod limit_and_armor_tests {
+    use super::*;
+    use crate::bundle::Bundle;
+    use crate::bundle::test_certs::{ca, now};
+
+    /// SPEC 4.2's limit, written out: a source of this size is still read.
+    const FOUR_MIB: usize = 4 * 1024 * 1024;
+
+    fn signer_pem() -> (Certificate, Vec<u8>) {
+        let now = now();
+        let certificate = ca(Some("signer"), None, now - 60, now + 3600);
+        let pem = Bundle::from_certificates([certificate.clone()]).render();
+        (certificate, pem)
+    }
+
+    #[test]
+    fn a_source_of_exactly_four_mib_is_read_and_one_byte_more_is_refused() {
+        let (certificate, mut input) = signer_pem();
+        let line = [vec![b'#'; 1023], vec![b'\n']].concat();
+        while input.len() + line.len() <= FOUR_MIB {
+            input.extend_from_slice(&line);
+        }
+        input.resize(FOUR_MIB, b'#');
+        let parsed = parse_source(&input).unwrap();
+        assert_eq!(parsed.certificates, [certificate]);
+        input.push(b'#');
+        assert_eq!(
+            parse_source(&input).unwrap_err(),
+            Rejection::TooLarge {
+                size: FOUR_MIB + 1,
+                limit: FOUR_MIB
+            }
+        );
+    }
+
+    #[test]
+    fn an_armor_line_needs_a_short_printable_label_without_outer_dashes() {
+        let long = "A".repeat(64);
+        let too_long = "A".repeat(65);
+        let cases: [(String, Option<&str>); 9] = [
+            ("-----BEGIN CERTIFICATE-----".into(), Some("CERTIFICATE")),
+            (
+                "-----BEGIN EC PRIVATE KEY-----".into(),
+                Some("EC PRIVATE KEY"),
+            ),
+            (format!("-----BEGIN {long}-----"), Some(&long)),
+            (format!("-----BEGIN {too_long}-----"), None),
+            ("-----BEGIN -----".into(), None),
+            ("-----BEGIN -CERTIFICATE-----".into(), None),
+            ("-----BEGIN CERTIFICATE------".into(), None),
+            ("-----BEGIN CERT\u{7}IFICATE-----".into(), None),
+            ("-----BEGIN CERT\tIFICATE-----".into(), None),
+        ];
+        for (line, label) in cases {
+            assert_eq!(
+                armor_label(line.as_bytes(), BEGIN).as_deref(),
+                label,
+                "{line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn blanks_inside_a_base64_line_are_ignored() {
+        let (certificate, pem) = signer_pem();
+        let text = String::from_utf8(pem).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[1].insert(10, ' ');
+        lines[1].insert(20, '\t');
+        let spaced = lines.join("\n") + "\n";
+        assert_eq!(
+            parse_source(spaced.as_bytes()).unwrap().certificates,
+            [certificate]
+        );
+    }
+}

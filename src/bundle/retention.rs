@@ -51,3 +51,42 @@ pub fn apply(previous: &[Remembered], current: &[Certificate], window: i64, now:
     out.memory.splice(0..0, from_sources);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundle::test_certs::{ca, now};
+
+    #[test]
+    fn a_vanished_certificate_is_kept_until_its_window_ends_and_not_a_second_longer() {
+        let now = now();
+        let gone = ca(Some("gone"), None, now - 3600, now + 86_400);
+        let carried = ca(Some("carried"), None, now - 3600, now + 86_400);
+        let previous = [Remembered {
+            certificate: gone.clone(),
+            missing_since: Some(now - 60),
+        }];
+        let kept = apply(&previous, std::slice::from_ref(&carried), 61, now);
+        assert_eq!(kept.kept, std::slice::from_ref(&gone));
+        assert_eq!(
+            kept.memory,
+            [
+                Remembered {
+                    certificate: carried.clone(),
+                    missing_since: None
+                },
+                Remembered {
+                    certificate: gone.clone(),
+                    missing_since: Some(now - 60)
+                },
+            ]
+        );
+        let ended = apply(&previous, std::slice::from_ref(&carried), 60, now);
+        assert!(ended.kept.is_empty());
+        assert_eq!(ended.memory.len(), 1);
+        // Back in a source: no longer missing, and not kept twice.
+        let back = apply(&previous, std::slice::from_ref(&gone), 61, now);
+        assert!(back.kept.is_empty());
+        assert_eq!(back.memory[0].missing_since, None);
+    }
+}

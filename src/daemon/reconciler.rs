@@ -1195,3 +1195,22 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn a_cleared_backoff_lets_the_next_attempt_through_and_starts_over() {
+        let now = Instant::now();
+        let mut backoff = Backoff::default();
+        for _ in 0..4 {
+            backoff.step(now, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+        }
+        assert!(backoff.blocked(now).is_some());
+        backoff.clear();
+        assert_eq!(backoff.blocked(now), None);
+        backoff.step(now, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+        assert_eq!(backoff.until, Some(now + WRITE_RETRY_FIRST));
+    }
+}

@@ -191,3 +191,105 @@ impl Drop for TempFile {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_of_a_bare_file_name_is_the_current_one() {
+        assert_eq!(parent_dir(Path::new("kubelet-ca.crt")), Path::new("."));
+        assert_eq!(
+            parent_dir(Path::new("/etc/kubernetes/kubelet-ca.crt")),
+            Path::new("/etc/kubernetes")
+        );
+    }
+
+    #[test]
+    fn a_temporary_file_is_hidden_and_removed_once_its_writer_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("kubelet-ca.crt");
+        fs::write(&target, b"the bundle").unwrap();
+        fs::write(dir.path().join("notes.txt"), b"an operator's").unwrap();
+        let temp = TempFile::create(&target).unwrap();
+        let name = temp
+            .path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            name.starts_with(".kubelet-ca.crt.kubelet-ca-agent-tmp."),
+            "{name}"
+        );
+        // While its writer holds it, a cleanup leaves it alone.
+        assert_eq!(
+            remove_stale_temp_files(dir.path()).unwrap(),
+            [] as [PathBuf; 0]
+        );
+        // A writer that was killed released its lock: the next cleanup removes the file,
+        // and nothing else.
+        temp.file.unlock().unwrap();
+        assert_eq!(
+            remove_stale_temp_files(dir.path()).unwrap(),
+            std::slice::from_ref(&temp.path)
+        );
+        let mut left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["kubelet-ca.crt", "notes.txt"]);
+    }
+
+    #[test]
+    fn cleanup_of_a_missing_directory_finds_nothing_and_of_a_file_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            remove_stale_temp_files(&dir.path().join("missing"))
+                .unwrap()
+                .is_empty()
+        );
+        let file = dir.path().join("file");
+        fs::write(&file, b"").unwrap();
+        assert!(remove_stale_temp_files(&file).is_err());
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_the_path_as_it_was_and_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("kubelet-ca.crt");
+        fs::create_dir(&target).unwrap();
+        let attributes = Attributes {
+            mode: 0o644,
+            ..Attributes::default()
+        };
+        let error = replace(&target, b"bundle", &attributes).unwrap_err();
+        assert_eq!(error.step, "renaming over the file");
+        assert!(target.is_dir());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_leftover_with_the_same_name_does_not_stop_a_replace() {
+        // After a restart in a container the agent often has the same PID again; a
+        // temporary file an earlier run left with the name it would pick is stepped over.
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("kubelet-ca.crt");
+        let prefix = temp_prefix(&target);
+        let pid = std::process::id();
+        let taken = SEQUENCE_IN_USE_BOUND;
+        for n in 0..taken {
+            fs::write(dir.path().join(format!("{prefix}{pid}.{n}")), b"").unwrap();
+        }
+        let attributes = Attributes {
+            mode: 0o644,
+            ..Attributes::default()
+        };
+        replace(&target, b"bundle", &attributes).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"bundle");
+    }
+
+    /// More names than every other test of this process can have used.
+    const SEQUENCE_IN_USE_BOUND: u64 = 2000;
+}

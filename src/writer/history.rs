@@ -213,3 +213,37 @@ mod tests {
         assert!(history.dir().join("operator-backup.crt").exists());
     }
 }
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    const SHA: &str = "5b19a0c4e1f2d3b4a5968778695a4b3c2d1e0f1a2b3c4d5e6f708192a3b4c5d6";
+    const STAMP: &str = "20261121T091500.123456789Z";
+
+    #[test]
+    fn a_name_that_fails_one_rule_is_not_an_entry() {
+        assert!(Entry::parse(&format!("00000042-{STAMP}-{SHA}.crt")).is_some());
+        for foreign in [
+            // The stamp: 26 characters, a T at 9, a final Z, 23 digits.
+            format!("00000042-{}-{SHA}.crt", &STAMP[..25]),
+            format!("00000042-{}0-{SHA}.crt", STAMP),
+            format!("00000042-{}-{SHA}.crt", STAMP.replace('Z', "0")),
+            format!("00000042-{}-{SHA}.crt", STAMP.replace('T', "0")),
+            format!("00000042-{}-{SHA}.crt", STAMP.replacen('1', "x", 1)),
+            // The SHA-256: 64 hex digits.
+            format!("00000042-{STAMP}-{}.crt", SHA.replace('5', "g")),
+            format!("00000042-{STAMP}-{}0.crt", SHA),
+        ] {
+            assert_eq!(Entry::parse(&foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn a_history_never_written_lists_nothing_and_one_that_is_not_a_directory_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(History::new(dir.path()).list().unwrap().is_empty());
+        fs::write(dir.path().join("history"), b"not a directory").unwrap();
+        assert!(History::new(dir.path()).list().is_err());
+    }
+}

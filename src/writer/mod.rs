@@ -204,3 +204,37 @@ impl BundleWriter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_is_labelled_by_what_the_operator_has_to_fix() {
+        for (kind, reason) in [
+            (io::ErrorKind::PermissionDenied, "permission_denied"),
+            (io::ErrorKind::StorageFull, "no_space"),
+            (io::ErrorKind::QuotaExceeded, "no_space"),
+            (io::ErrorKind::ReadOnlyFilesystem, "read_only"),
+            (io::ErrorKind::InvalidData, "io_error"),
+        ] {
+            let path = PathBuf::from("/etc/kubernetes/kubelet-ca.crt");
+            let read = WriteError::Read {
+                path: path.clone(),
+                error: io::Error::from(kind),
+            };
+            let replace = WriteError::Replace {
+                path,
+                cause: ReplaceError {
+                    step: "renaming over the file",
+                    error: io::Error::from(kind),
+                },
+            };
+            assert_eq!(
+                (read.reason(), replace.reason()),
+                (reason, reason),
+                "{kind:?}"
+            );
+        }
+    }
+}
