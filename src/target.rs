@@ -444,6 +444,14 @@ mod records_tests {
         // The state directory is fixed; at stop, what is held back is written.
         fs::remove_file(&blocker).unwrap();
         drop(queue);
+        let stopping = Instant::now();
+        while !thread.is_finished() {
+            assert!(
+                stopping.elapsed() < Duration::from_secs(10),
+                "the records thread did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         thread.join().unwrap();
         let saved: Vec<String> = History::new(&state)
             .list()
