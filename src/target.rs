@@ -444,6 +444,14 @@ mod records_tests {
         // The state directory is fixed; at stop, what is held back is written.
         fs::remove_file(&blocker).unwrap();
         drop(queue);
+        let stopping = Instant::now();
+        while !thread.is_finished() {
+            assert!(
+                stopping.elapsed() < Duration::from_secs(10),
+                "the records thread did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         thread.join().unwrap();
         let saved: Vec<String> = History::new(&state)
             .list()
@@ -455,5 +463,44 @@ mod records_tests {
         assert_eq!(saved, newest);
         let managed = fs::read_to_string(state.join("managed-files.json")).unwrap();
         assert!(managed.contains("sha-12"), "{managed}");
+    }
+
+    #[test]
+    fn a_target_dropped_at_a_clean_stop_writes_every_queued_record_first() {
+        use clap::Parser;
+
+        use crate::cli::{Cli, Command};
+
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        let bundle = dir.path().join("kubelet-ca.crt");
+        let cli = Cli::try_parse_from([
+            "kubelet-ca-agent".as_ref(),
+            "sync".as_ref(),
+            "--bundle".as_ref(),
+            bundle.as_os_str(),
+            "--state-dir".as_ref(),
+            state.as_os_str(),
+        ])
+        .unwrap();
+        let Command::Sync(args) = cli.command else {
+            unreachable!()
+        };
+        let target = Target::new(&args.common).with_background_records(|kind| {
+            panic!("a {kind} record failed");
+        });
+        // Enough records that the thread is still writing them when the target is dropped.
+        let at = OffsetDateTime::now_utc();
+        for n in 1..=200 {
+            target.keep(Record::History(format!("bundle {n}").into_bytes(), at));
+        }
+        target.keep(Record::ManagedFiles("sha-last".into()));
+        drop(target);
+        let saved = History::new(&state).list().unwrap();
+        assert_eq!(saved.len(), crate::writer::history::KEEP);
+        assert_eq!(fs::read(saved.last().unwrap()).unwrap(), b"bundle 200");
+        let managed = fs::read_to_string(state.join("managed-files.json")).unwrap();
+        assert!(managed.contains("sha-last"), "{managed}");
     }
 }
