@@ -39,6 +39,19 @@ impl Client {
     }
 }
 
+/// A scrapers' CA for client certificates, written on `node` for `--client-ca-file`.
+fn scrapers_ca(node: &Node) -> (Signer, PathBuf) {
+    let scrapers = Signer::new("scrapers", Algorithm::P256);
+    let path = write_client_ca(node, &scrapers);
+    (scrapers, path)
+}
+
+fn write_client_ca(node: &Node, signer: &Signer) -> PathBuf {
+    let path = node.root().join("scrapers-ca.crt");
+    fs::write(&path, signer.pem()).unwrap();
+    path
+}
+
 /// An endpoint with a serving certificate from its own CA, for curl to verify.
 struct Endpoint {
     serving_ca: PathBuf,
@@ -122,9 +135,7 @@ fn client_certificates_and_the_allow_list_decide_who_reads_metrics() {
         "signers.pem",
         Signer::new("kubelet-signer", Algorithm::P256).pem(),
     );
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, scrapers.pem()).unwrap();
+    let (scrapers, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(
         &node,
         &client_ca,
@@ -216,9 +227,7 @@ fn scraping_with_a_client_certificate_keeps_working_while_the_api_server_is_down
         &[("ca-bundle.crt", &signer.pem())],
         &[],
     );
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, scrapers.pem()).unwrap();
+    let (scrapers, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(&node, &client_ca, &["--authorized-users", "prometheus"]);
     let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
     let agent = endpoint.start(
@@ -311,9 +320,7 @@ fn three_hundred_silent_connections_do_not_stop_a_scrape_or_a_probe() {
         "signers.pem",
         Signer::new("kubelet-signer", Algorithm::P256).pem(),
     );
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, scrapers.pem()).unwrap();
+    let (scrapers, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(&node, &client_ca, &["--authorized-users", "prometheus"]);
     let agent = endpoint.start(&node, &[&source], &[]);
     let client = Client::new(
@@ -345,9 +352,7 @@ fn a_real_prometheus_scrapes_the_endpoint_over_mutual_tls() {
     let node = Node::new();
     let signer = Signer::new("kubelet-signer", Algorithm::P256);
     let source = node.source("signers.pem", signer.pem());
-    let scrapers = Signer::new("scrapers", Algorithm::P256);
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, scrapers.pem()).unwrap();
+    let (scrapers, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(&node, &client_ca, &["--authorized-users", "prometheus"]);
     let agent = endpoint.start(&node, &[&source], &[]);
     let client = Client::new(
@@ -405,8 +410,7 @@ fn a_serving_certificate_replaced_by_rename_is_served_at_once() {
         "signers.pem",
         Signer::new("kubelet-signer", Algorithm::P256).pem(),
     );
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, Signer::new("scrapers", Algorithm::P256).pem()).unwrap();
+    let (_, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(&node, &client_ca, &[]);
     let agent = endpoint.start(&node, &[&source], &[]);
     wait_until(10 * SECOND, || {
@@ -458,8 +462,7 @@ fn with_webhooks(extra: &[&str]) -> Webhooks {
         "signers.pem",
         Signer::new("kubelet-signer", Algorithm::P256).pem(),
     );
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, scrapers.pem()).unwrap();
+    let client_ca = write_client_ca(&node, &scrapers);
     let endpoint = Endpoint::new(&node, &client_ca, extra);
     let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
     let agent = endpoint.start(&node, &[&source], &["--kubeconfig", &kubeconfig]);
@@ -729,8 +732,7 @@ fn tls_min_version_refuses_older_clients() {
         "signers.pem",
         Signer::new("kubelet-signer", Algorithm::P256).pem(),
     );
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, Signer::new("scrapers", Algorithm::P256).pem()).unwrap();
+    let (_, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(&node, &client_ca, &[]);
     let default = endpoint.start(&node, &[&source], &[]);
     let strict = endpoint.start(&node, &[&source], &["--tls-min-version", "1.3"]);
