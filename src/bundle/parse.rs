@@ -10,7 +10,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
-use super::certificate::{Certificate, CertificateError};
+use super::certificate::{Certificate, CertificateError, PEM_BEGIN, PEM_COLUMNS, PEM_END};
 
 /// Larger source content is rejected before it is parsed.
 pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
@@ -152,6 +152,77 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
 /// Decodes one framed block into a certificate. Non-certificate labels are refused before
 /// any of their content is decoded.
 pub fn decode_certificate(block: &Block<'_>) -> Result<Certificate, Rejection> {
+    decode_with(block, &mut Scratch::default())
+}
+
+/// Buffers for decoding blocks, reused from one block to the next.
+#[derive(Default)]
+struct Scratch {
+    payload: Vec<u8>,
+    der: Vec<u8>,
+}
+
+/// [`decode_certificate`], with buffers that outlive the block.
+///
+/// The common case costs one pass over the lines: the payload lines are taken as they are
+/// and decoded, and a block already in canonical form (what [`Bundle::render`] writes) is
+/// kept as the certificate's PEM. Whatever that fast path does not accept goes through
+/// [`decode_strictly`], which gives the same certificate or names the problem.
+///
+/// [`Bundle::render`]: super::Bundle::render
+fn decode_with(block: &Block<'_>, scratch: &mut Scratch) -> Result<Certificate, Rejection> {
+    if block.label != "CERTIFICATE" {
+        return decode_strictly(block);
+    }
+    let Scratch { payload, der } = scratch;
+    payload.clear();
+    let mut lines = block.text.split(|&b| b == b'\n');
+    let begin = lines.next().unwrap_or_default();
+    let mut canonical = begin == &PEM_BEGIN[..PEM_BEGIN.len() - 1];
+    // Canonical: every payload line but the last is full, none is empty, none is trimmed.
+    let mut previous_len = PEM_COLUMNS;
+    for raw in lines {
+        let line = raw.trim_ascii();
+        if line.starts_with(END) {
+            canonical &= raw == &PEM_END[..PEM_END.len() - 1];
+            break;
+        }
+        canonical &= previous_len == PEM_COLUMNS
+            && !line.is_empty()
+            && line.len() <= PEM_COLUMNS
+            && line.len() == raw.len();
+        previous_len = line.len();
+        payload.extend_from_slice(line);
+    }
+    der.clear();
+    // A payload that decodes held neither a header's ':' nor whitespace (neither is base64),
+    // so the strict path would have decoded the same bytes.
+    if STANDARD.decode_vec(&payload[..], der).is_err() || der.is_empty() {
+        return decode_strictly(block);
+    }
+    // The standard engine accepts only canonical base64 (padding, trailing bits), so the
+    // payload lines are exactly the encoding of `der`.
+    let pem = canonical.then(|| {
+        let mut pem = Vec::with_capacity(block.text.len() + 1);
+        pem.extend_from_slice(block.text);
+        if !pem.ends_with(b"\n") {
+            // The last block of a file without a final newline.
+            pem.push(b'\n');
+        }
+        pem
+    });
+    Certificate::from_der_and_pem(der, pem.as_deref()).map_err(|error| {
+        Rejection::UnparsableCertificate {
+            block: block.index,
+            line: block.line,
+            error,
+        }
+    })
+}
+
+/// Decodes one block the plain way, line by line: the reference for [`decode_with`], and
+/// what names the problem in a block that is not a certificate or does not decode.
+fn decode_strictly(block: &Block<'_>) -> Result<Certificate, Rejection> {
     if block.label != "CERTIFICATE" {
         let (index, line, label) = (block.index, block.line, block.label.clone());
         return Err(if block.label.contains("PRIVATE KEY") {
@@ -230,8 +301,9 @@ pub fn parse_source(input: &[u8]) -> Result<SourceCertificates, Rejection> {
         return Err(Rejection::NoCertificate);
     }
     let mut parsed = SourceCertificates::default();
+    let mut scratch = Scratch::default();
     for block in &blocks {
-        let certificate = decode_certificate(block)?;
+        let certificate = decode_with(block, &mut scratch)?;
         if certificate.is_ca {
             parsed.certificates.push(certificate);
         } else {
@@ -277,8 +349,9 @@ pub struct Scan {
 pub fn scan(input: &[u8]) -> Scan {
     let (blocks, framing_error) = frame(input);
     let mut scan = Scan::default();
+    let mut scratch = Scratch::default();
     for block in &blocks {
-        match decode_certificate(block) {
+        match decode_with(block, &mut scratch) {
             Ok(certificate) => scan.certificates.push((block.index, certificate)),
             Err(problem) => scan.problems.push(problem),
         }
