@@ -82,6 +82,24 @@ pub struct Block<'a> {
     pub text: &'a [u8],
 }
 
+/// The lines of `input`, each with its LF (the last may have none), as
+/// `split_inclusive(|&b| b == b'\n')` gives them, found with a vectorized search.
+struct Lines<'a>(&'a [u8]);
+
+impl<'a> Iterator for Lines<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let end = memchr::memchr(b'\n', self.0).map_or(self.0.len(), |i| i + 1);
+        let (line, rest) = self.0.split_at(end);
+        self.0 = rest;
+        Some(line)
+    }
+}
+
 /// Frames `input` into PEM blocks. Text outside blocks is ignored. Returns the blocks that
 /// framed cleanly and, when framing stopped early, why.
 pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
@@ -89,7 +107,7 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
     // (index, line, label, start offset) of the block being read.
     let mut open: Option<(usize, usize, String, usize)> = None;
     let mut offset = 0;
-    for (n, raw) in input.split_inclusive(|&b| b == b'\n').enumerate() {
+    for (n, raw) in Lines(input).enumerate() {
         let line_no = n + 1;
         let line = raw.trim_ascii();
         let start = offset;
@@ -176,7 +194,7 @@ fn decode_with(block: &Block<'_>, scratch: &mut Scratch) -> Result<Certificate, 
     }
     let Scratch { payload, der } = scratch;
     payload.clear();
-    let mut lines = block.text.split(|&b| b == b'\n');
+    let mut lines = Lines(block.text).map(|l| l.strip_suffix(b"\n").unwrap_or(l));
     let begin = lines.next().unwrap_or_default();
     let mut canonical = begin == &PEM_BEGIN[..PEM_BEGIN.len() - 1];
     // Canonical: every payload line but the last is full, none is empty, none is trimmed.
