@@ -14,7 +14,10 @@ use sha2::{Digest, Sha256};
 use x509_parser::certificate::X509CertificateParser;
 use x509_parser::extensions::BasicConstraints;
 use x509_parser::nom::Parser;
-use x509_parser::oid_registry::OID_X509_EXT_BASIC_CONSTRAINTS;
+use x509_parser::oid_registry::{
+    OID_X509_COMMON_NAME, OID_X509_EXT_BASIC_CONSTRAINTS, OID_X509_ORGANIZATION_NAME,
+};
+use x509_parser::x509::X509Name;
 use x509_parser::prelude::FromDer;
 
 /// SHA-256 of a certificate's DER encoding: the identity used for dedup and diffs.
@@ -115,7 +118,7 @@ impl Certificate {
     /// `pem` must be exactly what [`canonical_pem`] makes of `der`.
     pub(crate) fn from_der_and_pem(
         der: &[u8],
-        pem: Option<&[u8]>,
+        pem: Option<Vec<u8>>,
     ) -> Result<Self, CertificateError> {
         // Extensions are not parsed one by one (what x509-parser calls deep parsing): only
         // basicConstraints is read, below. Deep parsing never rejects a certificate (an
@@ -142,16 +145,20 @@ impl Certificate {
             }
         };
         let validity = cert.validity();
-        let pem = match pem {
-            Some(pem) => pem.into(),
-            None => canonical_pem(der).into_boxed_slice(),
+        let pem = pem.unwrap_or_else(|| canonical_pem(der)).into_boxed_slice();
+        let (subject_cn, subject_o) = cn_and_o(cert.subject());
+        // A CA certificate is mostly self-issued: the same name read once.
+        let (issuer_cn, issuer_o) = if cert.issuer().as_raw() == cert.subject().as_raw() {
+            (subject_cn.clone(), subject_o.clone())
+        } else {
+            cn_and_o(cert.issuer())
         };
         Ok(Certificate(Arc::new(Parsed {
             fingerprint: Fingerprint::of(der),
-            subject_cn: join_attrs(cert.subject().iter_common_name()),
-            subject_o: join_attrs(cert.subject().iter_organization()),
-            issuer_cn: join_attrs(cert.issuer().iter_common_name()),
-            issuer_o: join_attrs(cert.issuer().iter_organization()),
+            subject_cn,
+            subject_o,
+            issuer_cn,
+            issuer_o,
             serial: serial_decimal(cert.tbs_certificate.raw_serial(), || {
                 cert.tbs_certificate.serial.to_string()
             }),
@@ -223,18 +230,38 @@ pub(crate) fn canonical_pem(der: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The attributes that are text, joined by commas.
-fn join_attrs<'a>(
-    attrs: impl Iterator<Item = &'a x509_parser::x509::AttributeTypeAndValue<'a>>,
-) -> String {
-    let mut out = String::new();
-    for (i, text) in attrs.filter_map(|a| a.as_str().ok()).enumerate() {
-        if i > 0 {
-            out.push(',');
+/// The common names and the organizations of `name` that are text, each joined by commas,
+/// in one walk over its attributes.
+fn cn_and_o(name: &X509Name<'_>) -> (String, String) {
+    let (mut cn, mut o) = (Joined::default(), Joined::default());
+    for attribute in name.iter_attributes() {
+        let joined = match attribute.attr_type() {
+            t if *t == OID_X509_COMMON_NAME => &mut cn,
+            t if *t == OID_X509_ORGANIZATION_NAME => &mut o,
+            _ => continue,
+        };
+        if let Ok(text) = attribute.as_str() {
+            joined.push(text);
         }
-        out.push_str(text);
     }
-    out
+    (cn.text, o.text)
+}
+
+/// Text pieces joined by commas (an empty piece counts too).
+#[derive(Default)]
+struct Joined {
+    text: String,
+    pieces: usize,
+}
+
+impl Joined {
+    fn push(&mut self, piece: &str) {
+        if self.pieces > 0 {
+            self.text.push(',');
+        }
+        self.text.push_str(piece);
+        self.pieces += 1;
+    }
 }
 
 /// The serial number in decimal, read as an unsigned big-endian integer (as x509-parser

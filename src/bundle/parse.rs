@@ -182,10 +182,10 @@ struct Scratch {
 
 /// [`decode_certificate`], with buffers that outlive the block.
 ///
-/// The common case costs one pass over the lines: the payload lines are taken as they are
-/// and decoded, and a block already in canonical form (what [`Bundle::render`] writes) is
-/// kept as the certificate's PEM. Whatever that fast path does not accept goes through
-/// [`decode_strictly`], which gives the same certificate or names the problem.
+/// The common case splits no line: a block in canonical form (what [`Bundle::render`]
+/// writes) has its payload lines at fixed places, and is kept as the certificate's PEM.
+/// Other blocks have their payload lines trimmed and decoded. Whatever does not decode
+/// goes through [`decode_strictly`], which names the problem.
 ///
 /// [`Bundle::render`]: super::Bundle::render
 fn decode_with(block: &Block<'_>, scratch: &mut Scratch) -> Result<Certificate, Rejection> {
@@ -194,47 +194,70 @@ fn decode_with(block: &Block<'_>, scratch: &mut Scratch) -> Result<Certificate, 
     }
     let Scratch { payload, der } = scratch;
     payload.clear();
-    let mut lines = Lines(block.text).map(|l| l.strip_suffix(b"\n").unwrap_or(l));
-    let begin = lines.next().unwrap_or_default();
-    let mut canonical = begin == &PEM_BEGIN[..PEM_BEGIN.len() - 1];
-    // Canonical: every payload line but the last is full, none is empty, none is trimmed.
-    let mut previous_len = PEM_COLUMNS;
-    for raw in lines {
-        let line = raw.trim_ascii();
-        if line.starts_with(END) {
-            canonical &= raw == &PEM_END[..PEM_END.len() - 1];
-            break;
-        }
-        canonical &= previous_len == PEM_COLUMNS
-            && !line.is_empty()
-            && line.len() <= PEM_COLUMNS
-            && line.len() == raw.len();
-        previous_len = line.len();
-        payload.extend_from_slice(line);
-    }
-    der.clear();
-    // A payload that decodes held neither a header's ':' nor whitespace (neither is base64),
-    // so the strict path would have decoded the same bytes.
-    if STANDARD.decode_vec(&payload[..], der).is_err() || der.is_empty() {
-        return decode_strictly(block);
-    }
-    // The standard engine accepts only canonical base64 (padding, trailing bits), so the
-    // payload lines are exactly the encoding of `der`.
-    let pem = canonical.then(|| {
-        let mut pem = Vec::with_capacity(block.text.len() + 1);
+    // The standard engine accepts only canonical base64 (padding, trailing bits), so a
+    // block of canonical shape whose payload decodes is exactly the canonical PEM of `der`.
+    if canonical_shape(block.text, payload) && decode_into(payload, der) {
+        // The last block of a file may lack its final newline.
+        let newline = !block.text.ends_with(b"\n");
+        let mut pem = Vec::with_capacity(block.text.len() + usize::from(newline));
         pem.extend_from_slice(block.text);
-        if !pem.ends_with(b"\n") {
-            // The last block of a file without a final newline.
+        if newline {
             pem.push(b'\n');
         }
-        pem
-    });
-    Certificate::from_der_and_pem(der, pem.as_deref()).map_err(|error| {
-        Rejection::UnparsableCertificate {
-            block: block.index,
-            line: block.line,
-            error,
+        return certificate(block, der, Some(pem));
+    }
+    payload.clear();
+    let lines = Lines(block.text).map(<[u8]>::trim_ascii);
+    for line in lines.skip(1).take_while(|l| !l.starts_with(END)) {
+        payload.extend_from_slice(line);
+    }
+    // A payload that decodes held neither a header's ':' nor whitespace (neither is base64),
+    // so the strict path would have decoded the same bytes.
+    if decode_into(payload, der) {
+        return certificate(block, der, None);
+    }
+    decode_strictly(block)
+}
+
+/// Whether `text` has the shape of a canonical block: the exact armor lines, and payload
+/// lines of 64 characters but the last (1 to 64), each ending LF. If so, the payload lines
+/// are appended to `payload`; whether they are base64 is left to the decoder.
+fn canonical_shape(text: &[u8], payload: &mut Vec<u8>) -> bool {
+    let end_line = &PEM_END[..PEM_END.len() - 1];
+    let Some(body) = text.strip_prefix(PEM_BEGIN) else {
+        return false;
+    };
+    let body = body.strip_suffix(b"\n").unwrap_or(body);
+    let Some(lines) = body.strip_suffix(end_line) else {
+        return false;
+    };
+    if lines.is_empty() {
+        return false;
+    }
+    for chunk in lines.chunks(PEM_COLUMNS + 1) {
+        match chunk.split_last() {
+            Some((b'\n', line)) if !line.is_empty() => payload.extend_from_slice(line),
+            _ => return false,
         }
+    }
+    true
+}
+
+/// Decodes `payload` into `der`; false when it is not base64 or holds nothing.
+fn decode_into(payload: &[u8], der: &mut Vec<u8>) -> bool {
+    der.clear();
+    STANDARD.decode_vec(payload, der).is_ok() && !der.is_empty()
+}
+
+fn certificate(
+    block: &Block<'_>,
+    der: &[u8],
+    pem: Option<Vec<u8>>,
+) -> Result<Certificate, Rejection> {
+    Certificate::from_der_and_pem(der, pem).map_err(|error| Rejection::UnparsableCertificate {
+        block: block.index,
+        line: block.line,
+        error,
     })
 }
 
