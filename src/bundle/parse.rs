@@ -100,22 +100,65 @@ impl<'a> Iterator for Lines<'a> {
     }
 }
 
+/// The lines of `input` that start with `-----` once trimmed: armor lines, or broken ones.
+/// Every other line is payload or text between blocks, which framing passes over; a
+/// vectorized search for the dashes passes over them without looking at each line.
+struct DashLines<'a> {
+    input: &'a [u8],
+    /// Where the next line starts.
+    pos: usize,
+    /// Line feeds before `pos`.
+    newlines: usize,
+    dashes: memchr::memmem::Finder<'static>,
+}
+
+impl<'a> DashLines<'a> {
+    fn new(input: &'a [u8]) -> Self {
+        DashLines {
+            input,
+            pos: 0,
+            newlines: 0,
+            dashes: memchr::memmem::Finder::new(DASHES),
+        }
+    }
+}
+
+impl<'a> Iterator for DashLines<'a> {
+    /// (1-based line number, the line with its LF if it has one, its offset in the input).
+    type Item = (usize, &'a [u8], usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let input = self.input;
+        loop {
+            let at = self.pos + self.dashes.find(&input[self.pos..])?;
+            let start = memchr::memrchr(b'\n', &input[self.pos..at]).map_or(self.pos, |i| self.pos + i + 1);
+            let end = memchr::memchr(b'\n', &input[at..]).map_or(input.len(), |i| at + i + 1);
+            let before = memchr::memchr_iter(b'\n', &input[self.pos..start]).count();
+            let line_no = self.newlines + before + 1;
+            self.newlines += before + usize::from(input[end - 1] == b'\n');
+            self.pos = end;
+            // Dashes after text on the same line do not make an armor line.
+            if input[start..at].iter().all(u8::is_ascii_whitespace) {
+                return Some((line_no, &input[start..end], start));
+            }
+        }
+    }
+}
+
 /// Frames `input` into PEM blocks. Text outside blocks is ignored. Returns the blocks that
 /// framed cleanly and, when framing stopped early, why.
 pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
     let mut blocks = Vec::new();
     // (index, line, label, start offset) of the block being read.
     let mut open: Option<(usize, usize, String, usize)> = None;
-    let mut offset = 0;
-    for (n, raw) in Lines(input).enumerate() {
-        let line_no = n + 1;
+    // Only the lines that start with dashes can open, close or break a block.
+    for (line_no, raw, start) in DashLines::new(input) {
         let line = raw.trim_ascii();
-        let start = offset;
-        offset += raw.len();
+        let offset = start + raw.len();
         let is_begin = line.starts_with(BEGIN);
         let is_end = line.starts_with(END);
         match open.take() {
-            None if is_begin => match armor_label(line, BEGIN) {
+            None if is_begin => match armor_label(line, BEGIN).map(printable_label) {
                 Some(label) => open = Some((blocks.len() + 1, line_no, label, start)),
                 None => {
                     let problem = "the BEGIN line is cut short or has text around it";
@@ -141,13 +184,15 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
             }
             Some((index, begin_line, label, block_start)) if is_end => {
                 match armor_label(line, END) {
-                    Some(end_label) if end_label == label => blocks.push(Block {
+                    // A label is ASCII: its bytes compare as its text.
+                    Some(end_label) if end_label == label.as_bytes() => blocks.push(Block {
                         index,
                         line: begin_line,
                         label,
                         text: &input[block_start..offset],
                     }),
                     Some(end_label) => {
+                        let end_label = printable_label(end_label);
                         let problem = format!("BEGIN {label} is closed by END {end_label}");
                         return (blocks, Some(malformed(index, begin_line, &problem)));
                     }
@@ -365,8 +410,8 @@ fn malformed(block: usize, line: usize, problem: &str) -> Rejection {
     }
 }
 
-/// The label of a well-formed armor line `-----BEGIN LABEL-----`, made printable.
-fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
+/// The label of a well-formed armor line `-----BEGIN LABEL-----`: printable ASCII.
+fn armor_label<'a>(line: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
     let inner = line.strip_prefix(prefix)?.strip_suffix(DASHES)?;
     if inner.is_empty() || inner.len() > 64 || inner.starts_with(b"-") || inner.ends_with(b"-") {
         return None;
@@ -374,7 +419,11 @@ fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
     if !inner.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
         return None;
     }
-    Some(String::from_utf8_lossy(inner).into_owned())
+    Some(inner)
+}
+
+fn printable_label(label: &[u8]) -> String {
+    String::from_utf8_lossy(label).into_owned()
 }
 
 /// Everything readable in an input that may be broken: the certificates that decode and
