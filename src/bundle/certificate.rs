@@ -17,8 +17,8 @@ use x509_parser::nom::Parser;
 use x509_parser::oid_registry::{
     OID_X509_COMMON_NAME, OID_X509_EXT_BASIC_CONSTRAINTS, OID_X509_ORGANIZATION_NAME,
 };
-use x509_parser::x509::X509Name;
 use x509_parser::prelude::FromDer;
+use x509_parser::x509::X509Name;
 
 /// SHA-256 of a certificate's DER encoding: the identity used for dedup and diffs.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

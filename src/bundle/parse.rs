@@ -131,7 +131,8 @@ impl<'a> Iterator for DashLines<'a> {
         let input = self.input;
         loop {
             let at = self.pos + self.dashes.find(&input[self.pos..])?;
-            let start = memchr::memrchr(b'\n', &input[self.pos..at]).map_or(self.pos, |i| self.pos + i + 1);
+            let start =
+                memchr::memrchr(b'\n', &input[self.pos..at]).map_or(self.pos, |i| self.pos + i + 1);
             let end = memchr::memchr(b'\n', &input[at..]).map_or(input.len(), |i| at + i + 1);
             let before = memchr::memchr_iter(b'\n', &input[self.pos..start]).count();
             let line_no = self.newlines + before + 1;
