@@ -7,6 +7,7 @@
 //! stalls a read (a hung mount) cannot stop `/livez` from answering, and answering the
 //! truth: that the loop does not answer.
 
+pub mod allocator;
 pub mod files;
 pub mod reconciler;
 pub mod status;
@@ -35,6 +36,7 @@ use status::StatusRx;
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     check_listen(&args)?;
+    allocator::tune();
     // One crypto provider for the whole process: ring, the one kube-rs is built with.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()

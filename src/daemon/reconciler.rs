@@ -591,10 +591,17 @@ impl Reconciler {
         }
     }
 
-    /// One pass: build the bundle from the last good content of every source and make the
-    /// file hold it, unless nothing valid can be built, a source has never been read, or a
-    /// backoff says wait. Then publish the state.
+    /// One pass ([`Reconciler::pass`]); a pass over a large bundle then gives the memory it
+    /// freed back to the system.
     fn reconcile(&mut self) {
+        self.pass();
+        super::allocator::after_pass(self.desired.as_ref().map_or(0, |d| d.rendered.len()));
+    }
+
+    /// Builds the bundle from the last good content of every source and makes the file
+    /// hold it, unless nothing valid can be built, a source has never been read, or a
+    /// backoff says wait. Then publishes the state.
+    fn pass(&mut self) {
         let now = OffsetDateTime::now_utc();
         let at = Instant::now();
         let on_disk = match self.target.writer().read_current() {
