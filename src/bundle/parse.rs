@@ -2,10 +2,10 @@
 //! rejected whole (SPEC 4.2): one bad block means the producer is broken, and keeping its
 //! last good content is safer than guessing which parts of the new one to trust.
 //!
-//! The framing is done here, line by line, rather than by `pem::parse_many`, because that
-//! function silently skips a trailing block that has no END line: exactly the torn file the
-//! kubelet itself mis-reads. Having framed the lines, the payload goes straight to `base64`
-//! (strict RFC 7468 form: no headers in a CERTIFICATE block).
+//! The framing is done here, by the armor lines, rather than by `pem::parse_many`, because
+//! that function silently skips a trailing block that has no END line: exactly the torn file
+//! the kubelet itself mis-reads. Having framed the lines, the payload goes straight to
+//! `base64` (strict RFC 7468 form: no headers in a CERTIFICATE block).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;

@@ -36,7 +36,6 @@ use status::StatusRx;
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     check_listen(&args)?;
-    allocator::tune();
     // One crypto provider for the whole process: ring, the one kube-rs is built with.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()

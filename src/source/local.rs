@@ -46,14 +46,17 @@ impl Loader {
     }
 }
 
+/// A named part of a local source as read: (file name for a `dir:` source, its bytes).
+type ReadPart = (Option<String>, Vec<u8>);
+
 /// A part as [`parse_parts`] takes it.
-fn borrowed(parts: &[(Option<String>, Vec<u8>)]) -> impl Iterator<Item = (Option<String>, &[u8])> {
+fn borrowed(parts: &[ReadPart]) -> impl Iterator<Item = (Option<String>, &[u8])> {
     parts.iter().map(|(p, b)| (p.clone(), b.as_slice()))
 }
 
 /// SHA-256 over the parts' bytes, each preceded by its length, so that moving bytes from
 /// one file of a `dir:` source to the next is a change.
-fn digest(parts: &[(Option<String>, Vec<u8>)]) -> [u8; 32] {
+fn digest(parts: &[ReadPart]) -> [u8; 32] {
     let mut hasher = Sha256::new();
     for (_, bytes) in parts {
         hasher.update((bytes.len() as u64).to_le_bytes());
@@ -64,7 +67,7 @@ fn digest(parts: &[(Option<String>, Vec<u8>)]) -> [u8; 32] {
 
 /// The bytes of a local source, as (part name, bytes): one unnamed part for `file:`, one
 /// part per file for `dir:`. Panics if `spec` is a cluster source.
-fn read_parts(spec: &SourceSpec) -> Result<Vec<(Option<String>, Vec<u8>)>, SourceError> {
+fn read_parts(spec: &SourceSpec) -> Result<Vec<ReadPart>, SourceError> {
     let name = spec.to_string();
     match spec {
         SourceSpec::File(path) => {
