@@ -1,11 +1,24 @@
-//! One signer certificate as the bundle sees it: its DER, its fingerprint, and the few
-//! fields that logs, metrics and `inspect` show. Parsed once, then immutable.
+//! One signer certificate as the bundle sees it: its PEM block, its fingerprint, and the
+//! few fields that logs, metrics and `inspect` show. Parsed once, then immutable.
+//!
+//! The canonical PEM block (what the bundle file holds) is kept rather than the DER: a
+//! bundle is rendered by concatenating blocks, and a block that arrived canonical is kept
+//! as it came, so most certificates are never base64-encoded again.
 
 use std::fmt;
 use std::sync::Arc;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use sha2::{Digest, Sha256};
-use x509_parser::prelude::{FromDer, X509Certificate};
+use x509_parser::certificate::X509CertificateParser;
+use x509_parser::extensions::BasicConstraints;
+use x509_parser::nom::Parser;
+use x509_parser::oid_registry::{
+    OID_X509_COMMON_NAME, OID_X509_EXT_BASIC_CONSTRAINTS, OID_X509_ORGANIZATION_NAME,
+};
+use x509_parser::prelude::FromDer;
+use x509_parser::x509::X509Name;
 
 /// SHA-256 of a certificate's DER encoding: the identity used for dedup and diffs.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,7 +67,8 @@ pub struct Certificate(Arc<Parsed>);
 /// What the agent reads out of a certificate; reached through `Deref` on [`Certificate`].
 #[derive(PartialEq, Eq)]
 pub struct Parsed {
-    der: Box<[u8]>,
+    /// The canonical PEM block: BEGIN line, base64 in 64 columns, END line, each ending LF.
+    pem: Box<[u8]>,
     fingerprint: Fingerprint,
     pub subject_cn: String,
     pub subject_o: String,
@@ -88,15 +102,41 @@ impl fmt::Debug for Certificate {
     }
 }
 
+/// The armor lines of a canonical CERTIFICATE block, each with its LF.
+pub(crate) const PEM_BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----\n";
+pub(crate) const PEM_END: &[u8] = b"-----END CERTIFICATE-----\n";
+/// Base64 characters per line of a canonical block (48 bytes of DER).
+pub(crate) const PEM_COLUMNS: usize = 64;
+
 impl Certificate {
     pub fn from_der(der: &[u8]) -> Result<Self, CertificateError> {
-        let (rest, cert) = X509Certificate::from_der(der)
+        Self::from_der_and_pem(der, None)
+    }
+
+    /// [`Certificate::from_der`], given the canonical PEM block of `der` when the caller
+    /// already holds it (a block read in canonical form), so that it is not encoded again.
+    /// `pem` must be exactly what [`canonical_pem`] makes of `der`.
+    pub(crate) fn from_der_and_pem(
+        der: &[u8],
+        pem: Option<Vec<u8>>,
+    ) -> Result<Self, CertificateError> {
+        // Extensions are not parsed one by one (what x509-parser calls deep parsing): only
+        // basicConstraints is read, below. Deep parsing never rejects a certificate (an
+        // extension that does not parse is kept as a parse error), so this accepts and
+        // rejects exactly the same certificates, for less work.
+        let (rest, cert) = X509CertificateParser::new()
+            .with_deep_parse_extensions(false)
+            .parse(der)
             .map_err(|e| CertificateError::Unparsable(describe_x509_error(&e)))?;
         if !rest.is_empty() {
             return Err(CertificateError::TrailingData(rest.len()));
         }
-        let is_ca = match cert.basic_constraints() {
-            Ok(Some(ext)) => ext.value.ca,
+        let is_ca = match cert
+            .tbs_certificate
+            .get_extension_unique(&OID_X509_EXT_BASIC_CONSTRAINTS)
+        {
+            // As with deep parsing: a basicConstraints that does not parse counts as absent.
+            Ok(Some(ext)) => BasicConstraints::from_der(ext.value).is_ok_and(|(_, bc)| bc.ca),
             Ok(None) => false,
             Err(e) => {
                 return Err(CertificateError::Unparsable(format!(
@@ -105,22 +145,45 @@ impl Certificate {
             }
         };
         let validity = cert.validity();
+        let pem = pem.unwrap_or_else(|| canonical_pem(der)).into_boxed_slice();
+        let (subject_cn, subject_o) = cn_and_o(cert.subject());
+        // A CA certificate is mostly self-issued: the same name read once.
+        let (issuer_cn, issuer_o) = if cert.issuer().as_raw() == cert.subject().as_raw() {
+            (subject_cn.clone(), subject_o.clone())
+        } else {
+            cn_and_o(cert.issuer())
+        };
         Ok(Certificate(Arc::new(Parsed {
             fingerprint: Fingerprint::of(der),
-            subject_cn: join_attrs(cert.subject().iter_common_name()),
-            subject_o: join_attrs(cert.subject().iter_organization()),
-            issuer_cn: join_attrs(cert.issuer().iter_common_name()),
-            issuer_o: join_attrs(cert.issuer().iter_organization()),
-            serial: cert.tbs_certificate.serial.to_string(),
+            subject_cn,
+            subject_o,
+            issuer_cn,
+            issuer_o,
+            serial: serial_decimal(cert.tbs_certificate.raw_serial(), || {
+                cert.tbs_certificate.serial.to_string()
+            }),
             not_before: validity.not_before.timestamp(),
             not_after: validity.not_after.timestamp(),
             is_ca,
-            der: der.into(),
+            pem,
         })))
     }
 
-    pub fn der(&self) -> &[u8] {
-        &self.der
+    /// The DER encoding, decoded from the PEM block kept.
+    pub fn der(&self) -> Vec<u8> {
+        let payload: Vec<u8> = self.pem[PEM_BEGIN.len()..self.pem.len() - PEM_END.len()]
+            .iter()
+            .copied()
+            .filter(|&b| b != b'\n')
+            .collect();
+        STANDARD
+            .decode(payload)
+            .expect("a kept PEM block is canonical base64")
+    }
+
+    /// The canonical PEM block, as the bundle file holds it.
+    pub fn pem(&self) -> &[u8] {
+        &self.pem
     }
 
     pub fn fingerprint(&self) -> Fingerprint {
@@ -148,13 +211,71 @@ impl Certificate {
     }
 }
 
-fn join_attrs<'a>(
-    attrs: impl Iterator<Item = &'a x509_parser::x509::AttributeTypeAndValue<'a>>,
-) -> String {
-    attrs
-        .filter_map(|a| a.as_str().ok())
-        .collect::<Vec<_>>()
-        .join(",")
+/// Standard PEM of one certificate: a CERTIFICATE block, base64 in 64 columns, LF endings.
+pub(crate) fn canonical_pem(der: &[u8]) -> Vec<u8> {
+    let base64_len = der.len().div_ceil(3) * 4;
+    let lines = base64_len.div_ceil(PEM_COLUMNS);
+    let mut out = Vec::with_capacity(PEM_BEGIN.len() + base64_len + lines + PEM_END.len());
+    out.extend_from_slice(PEM_BEGIN);
+    let mut line = [0u8; PEM_COLUMNS];
+    // 48 bytes of DER make one full line; only the last chunk can be shorter.
+    for chunk in der.chunks(PEM_COLUMNS / 4 * 3) {
+        let written = STANDARD
+            .encode_slice(chunk, &mut line)
+            .expect("48 bytes fit in 64 base64 characters");
+        out.extend_from_slice(&line[..written]);
+        out.push(b'\n');
+    }
+    out.extend_from_slice(PEM_END);
+    out
+}
+
+/// The common names and the organizations of `name` that are text, each joined by commas,
+/// in one walk over its attributes.
+fn cn_and_o(name: &X509Name<'_>) -> (String, String) {
+    let (mut cn, mut o) = (Joined::default(), Joined::default());
+    for attribute in name.iter_attributes() {
+        let joined = match attribute.attr_type() {
+            t if *t == OID_X509_COMMON_NAME => &mut cn,
+            t if *t == OID_X509_ORGANIZATION_NAME => &mut o,
+            _ => continue,
+        };
+        if let Ok(text) = attribute.as_str() {
+            joined.push(text);
+        }
+    }
+    (cn.text, o.text)
+}
+
+/// Text pieces joined by commas (an empty piece counts too).
+#[derive(Default)]
+struct Joined {
+    text: String,
+    pieces: usize,
+}
+
+impl Joined {
+    fn push(&mut self, piece: &str) {
+        if self.pieces > 0 {
+            self.text.push(',');
+        }
+        self.text.push_str(piece);
+        self.pieces += 1;
+    }
+}
+
+/// The serial number in decimal, read as an unsigned big-endian integer (as x509-parser
+/// reads it): directly when it fits in 128 bits (RFC 5280 allows 20 bytes, CAs mostly use
+/// 16 or fewer), else by `big`.
+fn serial_decimal(raw: &[u8], big: impl FnOnce() -> String) -> String {
+    match raw.len() {
+        0..=16 => {
+            let mut bytes = [0u8; 16];
+            bytes[16 - raw.len()..].copy_from_slice(raw);
+            u128::from_be_bytes(bytes).to_string()
+        }
+        _ => big(),
+    }
 }
 
 /// nom's error text can quote input; keep only the kind of failure.

@@ -52,13 +52,12 @@ impl Bundle {
     /// Standard PEM: one `CERTIFICATE` block per certificate, base64 in 64 columns, LF line
     /// endings, nothing between blocks. A well-formed single source renders byte-identical.
     pub fn render(&self) -> Vec<u8> {
-        let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
-        let mut out = String::with_capacity(self.certificates.len() * 1800);
+        let size = self.certificates.iter().map(|c| c.pem().len()).sum();
+        let mut out = Vec::with_capacity(size);
         for certificate in &self.certificates {
-            let block = pem::Pem::new("CERTIFICATE", certificate.der());
-            out.push_str(&pem::encode_config(&block, config));
+            out.extend_from_slice(certificate.pem());
         }
-        out.into_bytes()
+        out
     }
 }
 

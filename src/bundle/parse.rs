@@ -2,15 +2,15 @@
 //! rejected whole (SPEC 4.2): one bad block means the producer is broken, and keeping its
 //! last good content is safer than guessing which parts of the new one to trust.
 //!
-//! The framing is done here, line by line, rather than by `pem::parse_many`, because that
-//! function silently skips a trailing block that has no END line: exactly the torn file the
-//! kubelet itself mis-reads. Having framed the lines, the payload goes straight to `base64`
-//! (strict RFC 7468 form: no headers in a CERTIFICATE block).
+//! The framing is done here, by the armor lines, rather than by `pem::parse_many`, because
+//! that function silently skips a trailing block that has no END line: exactly the torn file
+//! the kubelet itself mis-reads. Having framed the lines, the payload goes straight to
+//! `base64` (strict RFC 7468 form: no headers in a CERTIFICATE block).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
-use super::certificate::{Certificate, CertificateError};
+use super::certificate::{Certificate, CertificateError, PEM_BEGIN, PEM_COLUMNS, PEM_END};
 
 /// Larger source content is rejected before it is parsed.
 pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
@@ -82,22 +82,84 @@ pub struct Block<'a> {
     pub text: &'a [u8],
 }
 
+/// The lines of `input`, each with its LF (the last may have none), as
+/// `split_inclusive(|&b| b == b'\n')` gives them, found with a vectorized search.
+struct Lines<'a>(&'a [u8]);
+
+impl<'a> Iterator for Lines<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let end = memchr::memchr(b'\n', self.0).map_or(self.0.len(), |i| i + 1);
+        let (line, rest) = self.0.split_at(end);
+        self.0 = rest;
+        Some(line)
+    }
+}
+
+/// The lines of `input` that start with `-----` once trimmed: armor lines, or broken ones.
+/// Every other line is payload or text between blocks, which framing passes over; a
+/// vectorized search for the dashes passes over them without looking at each line.
+struct DashLines<'a> {
+    input: &'a [u8],
+    /// Where the next line starts.
+    pos: usize,
+    /// Line feeds before `pos`.
+    newlines: usize,
+    dashes: memchr::memmem::Finder<'static>,
+}
+
+impl<'a> DashLines<'a> {
+    fn new(input: &'a [u8]) -> Self {
+        DashLines {
+            input,
+            pos: 0,
+            newlines: 0,
+            dashes: memchr::memmem::Finder::new(DASHES),
+        }
+    }
+}
+
+impl<'a> Iterator for DashLines<'a> {
+    /// (1-based line number, the line with its LF if it has one, its offset in the input).
+    type Item = (usize, &'a [u8], usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let input = self.input;
+        loop {
+            let at = self.pos + self.dashes.find(&input[self.pos..])?;
+            let start =
+                memchr::memrchr(b'\n', &input[self.pos..at]).map_or(self.pos, |i| self.pos + i + 1);
+            let end = memchr::memchr(b'\n', &input[at..]).map_or(input.len(), |i| at + i + 1);
+            let before = memchr::memchr_iter(b'\n', &input[self.pos..start]).count();
+            let line_no = self.newlines + before + 1;
+            self.newlines += before + usize::from(input[end - 1] == b'\n');
+            self.pos = end;
+            // Dashes after text on the same line do not make an armor line.
+            if input[start..at].iter().all(u8::is_ascii_whitespace) {
+                return Some((line_no, &input[start..end], start));
+            }
+        }
+    }
+}
+
 /// Frames `input` into PEM blocks. Text outside blocks is ignored. Returns the blocks that
 /// framed cleanly and, when framing stopped early, why.
 pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
     let mut blocks = Vec::new();
     // (index, line, label, start offset) of the block being read.
     let mut open: Option<(usize, usize, String, usize)> = None;
-    let mut offset = 0;
-    for (n, raw) in input.split_inclusive(|&b| b == b'\n').enumerate() {
-        let line_no = n + 1;
+    // Only the lines that start with dashes can open, close or break a block.
+    for (line_no, raw, start) in DashLines::new(input) {
         let line = raw.trim_ascii();
-        let start = offset;
-        offset += raw.len();
+        let offset = start + raw.len();
         let is_begin = line.starts_with(BEGIN);
         let is_end = line.starts_with(END);
         match open.take() {
-            None if is_begin => match armor_label(line, BEGIN) {
+            None if is_begin => match armor_label(line, BEGIN).map(printable_label) {
                 Some(label) => open = Some((blocks.len() + 1, line_no, label, start)),
                 None => {
                     let problem = "the BEGIN line is cut short or has text around it";
@@ -123,13 +185,15 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
             }
             Some((index, begin_line, label, block_start)) if is_end => {
                 match armor_label(line, END) {
-                    Some(end_label) if end_label == label => blocks.push(Block {
+                    // A label is ASCII: its bytes compare as its text.
+                    Some(end_label) if end_label == label.as_bytes() => blocks.push(Block {
                         index,
                         line: begin_line,
                         label,
                         text: &input[block_start..offset],
                     }),
                     Some(end_label) => {
+                        let end_label = printable_label(end_label);
                         let problem = format!("BEGIN {label} is closed by END {end_label}");
                         return (blocks, Some(malformed(index, begin_line, &problem)));
                     }
@@ -152,6 +216,100 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
 /// Decodes one framed block into a certificate. Non-certificate labels are refused before
 /// any of their content is decoded.
 pub fn decode_certificate(block: &Block<'_>) -> Result<Certificate, Rejection> {
+    decode_with(block, &mut Scratch::default())
+}
+
+/// Buffers for decoding blocks, reused from one block to the next.
+#[derive(Default)]
+struct Scratch {
+    payload: Vec<u8>,
+    der: Vec<u8>,
+}
+
+/// [`decode_certificate`], with buffers that outlive the block.
+///
+/// The common case splits no line: a block in canonical form (what [`Bundle::render`]
+/// writes) has its payload lines at fixed places, and is kept as the certificate's PEM.
+/// Other blocks have their payload lines trimmed and decoded. Whatever does not decode
+/// goes through [`decode_strictly`], which names the problem.
+///
+/// [`Bundle::render`]: super::Bundle::render
+fn decode_with(block: &Block<'_>, scratch: &mut Scratch) -> Result<Certificate, Rejection> {
+    if block.label != "CERTIFICATE" {
+        return decode_strictly(block);
+    }
+    let Scratch { payload, der } = scratch;
+    payload.clear();
+    // The standard engine accepts only canonical base64 (padding, trailing bits), so a
+    // block of canonical shape whose payload decodes is exactly the canonical PEM of `der`.
+    if canonical_shape(block.text, payload) && decode_into(payload, der) {
+        // The last block of a file may lack its final newline.
+        let newline = !block.text.ends_with(b"\n");
+        let mut pem = Vec::with_capacity(block.text.len() + usize::from(newline));
+        pem.extend_from_slice(block.text);
+        if newline {
+            pem.push(b'\n');
+        }
+        return certificate(block, der, Some(pem));
+    }
+    payload.clear();
+    let lines = Lines(block.text).map(<[u8]>::trim_ascii);
+    for line in lines.skip(1).take_while(|l| !l.starts_with(END)) {
+        payload.extend_from_slice(line);
+    }
+    // A payload that decodes held neither a header's ':' nor whitespace (neither is base64),
+    // so the strict path would have decoded the same bytes.
+    if decode_into(payload, der) {
+        return certificate(block, der, None);
+    }
+    decode_strictly(block)
+}
+
+/// Whether `text` has the shape of a canonical block: the exact armor lines, and payload
+/// lines of 64 characters but the last (1 to 64), each ending LF. If so, the payload lines
+/// are appended to `payload`; whether they are base64 is left to the decoder.
+fn canonical_shape(text: &[u8], payload: &mut Vec<u8>) -> bool {
+    let end_line = &PEM_END[..PEM_END.len() - 1];
+    let Some(body) = text.strip_prefix(PEM_BEGIN) else {
+        return false;
+    };
+    let body = body.strip_suffix(b"\n").unwrap_or(body);
+    let Some(lines) = body.strip_suffix(end_line) else {
+        return false;
+    };
+    if lines.is_empty() {
+        return false;
+    }
+    for chunk in lines.chunks(PEM_COLUMNS + 1) {
+        match chunk.split_last() {
+            Some((b'\n', line)) if !line.is_empty() => payload.extend_from_slice(line),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Decodes `payload` into `der`; false when it is not base64 or holds nothing.
+fn decode_into(payload: &[u8], der: &mut Vec<u8>) -> bool {
+    der.clear();
+    STANDARD.decode_vec(payload, der).is_ok() && !der.is_empty()
+}
+
+fn certificate(
+    block: &Block<'_>,
+    der: &[u8],
+    pem: Option<Vec<u8>>,
+) -> Result<Certificate, Rejection> {
+    Certificate::from_der_and_pem(der, pem).map_err(|error| Rejection::UnparsableCertificate {
+        block: block.index,
+        line: block.line,
+        error,
+    })
+}
+
+/// Decodes one block the plain way, line by line: the reference for [`decode_with`], and
+/// what names the problem in a block that is not a certificate or does not decode.
+fn decode_strictly(block: &Block<'_>) -> Result<Certificate, Rejection> {
     if block.label != "CERTIFICATE" {
         let (index, line, label) = (block.index, block.line, block.label.clone());
         return Err(if block.label.contains("PRIVATE KEY") {
@@ -230,8 +388,9 @@ pub fn parse_source(input: &[u8]) -> Result<SourceCertificates, Rejection> {
         return Err(Rejection::NoCertificate);
     }
     let mut parsed = SourceCertificates::default();
+    let mut scratch = Scratch::default();
     for block in &blocks {
-        let certificate = decode_certificate(block)?;
+        let certificate = decode_with(block, &mut scratch)?;
         if certificate.is_ca {
             parsed.certificates.push(certificate);
         } else {
@@ -252,8 +411,8 @@ fn malformed(block: usize, line: usize, problem: &str) -> Rejection {
     }
 }
 
-/// The label of a well-formed armor line `-----BEGIN LABEL-----`, made printable.
-fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
+/// The label of a well-formed armor line `-----BEGIN LABEL-----`: printable ASCII.
+fn armor_label<'a>(line: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
     let inner = line.strip_prefix(prefix)?.strip_suffix(DASHES)?;
     if inner.is_empty() || inner.len() > 64 || inner.starts_with(b"-") || inner.ends_with(b"-") {
         return None;
@@ -261,7 +420,11 @@ fn armor_label(line: &[u8], prefix: &[u8]) -> Option<String> {
     if !inner.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
         return None;
     }
-    Some(String::from_utf8_lossy(inner).into_owned())
+    Some(inner)
+}
+
+fn printable_label(label: &[u8]) -> String {
+    String::from_utf8_lossy(label).into_owned()
 }
 
 /// Everything readable in an input that may be broken: the certificates that decode and
@@ -277,8 +440,9 @@ pub struct Scan {
 pub fn scan(input: &[u8]) -> Scan {
     let (blocks, framing_error) = frame(input);
     let mut scan = Scan::default();
+    let mut scratch = Scratch::default();
     for block in &blocks {
-        match decode_certificate(block) {
+        match decode_with(block, &mut scratch) {
             Ok(certificate) => scan.certificates.push((block.index, certificate)),
             Err(problem) => scan.problems.push(problem),
         }

@@ -5,7 +5,9 @@
 //! The memory of *when* each certificate went missing is the input and output of [`apply`];
 //! the caller persists it (see `crate::state`) so that it survives restarts.
 
-use super::certificate::Certificate;
+use std::collections::HashSet;
+
+use super::certificate::{Certificate, Fingerprint};
 
 /// A certificate of the last bundle, and since when no source has carried it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +30,14 @@ pub struct Retained {
 /// sources (`current`, already deduplicated) no longer carry them. `window` is in seconds;
 /// zero keeps nothing, and the memory then holds only what the sources carry.
 pub fn apply(previous: &[Remembered], current: &[Certificate], window: i64, now: i64) -> Retained {
-    let carried = |c: &Certificate| current.iter().any(|s| s.fingerprint() == c.fingerprint());
+    // A set, not a scan of `current` per certificate: the daemon passes its whole last
+    // bundle as `previous`, and a thousand by a thousand comparisons cost milliseconds.
+    let current_set: HashSet<Fingerprint> = if previous.is_empty() {
+        HashSet::new()
+    } else {
+        current.iter().map(Certificate::fingerprint).collect()
+    };
+    let carried = |c: &Certificate| current_set.contains(&c.fingerprint());
     let mut out = Retained::default();
     for old in previous {
         if carried(&old.certificate) {

@@ -7,6 +7,7 @@
 //! stalls a read (a hung mount) cannot stop `/livez` from answering, and answering the
 //! truth: that the loop does not answer.
 
+pub mod allocator;
 pub mod files;
 pub mod reconciler;
 pub mod status;

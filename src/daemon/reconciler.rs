@@ -87,6 +87,8 @@ struct Slot {
     writing_since: Option<Instant>,
     /// Retries of a local source that could not be read.
     read_retry: Backoff,
+    /// For a local source: reads it, and parses only bytes it has not parsed already.
+    loader: local::Loader,
 }
 
 /// The bundle built from the sources, ready to compare with the file.
@@ -295,6 +297,7 @@ impl Reconciler {
                 read_at: None,
                 writing_since: None,
                 read_retry: Backoff::default(),
+                loader: local::Loader::default(),
             })
             .collect();
         let failures = metrics.clone();
@@ -507,8 +510,8 @@ impl Reconciler {
 
     /// Reads a `file:` or `dir:` source now; a read that failed is retried with backoff.
     fn read_local(&mut self, index: usize, at: Instant) {
-        let result = local::load(&self.slots[index].spec);
         let slot = &mut self.slots[index];
+        let result = slot.loader.load(&slot.spec);
         match &result {
             Err(error) if local::retryable(error) => {
                 slot.read_retry
@@ -588,10 +591,17 @@ impl Reconciler {
         }
     }
 
-    /// One pass: build the bundle from the last good content of every source and make the
-    /// file hold it, unless nothing valid can be built, a source has never been read, or a
-    /// backoff says wait. Then publish the state.
+    /// One pass ([`Reconciler::pass`]); a pass over a large bundle then gives the memory it
+    /// freed back to the system.
     fn reconcile(&mut self) {
+        self.pass();
+        super::allocator::after_pass(self.desired.as_ref().map_or(0, |d| d.rendered.len()));
+    }
+
+    /// Builds the bundle from the last good content of every source and makes the file
+    /// hold it, unless nothing valid can be built, a source has never been read, or a
+    /// backoff says wait. Then publishes the state.
+    fn pass(&mut self) {
         let now = OffsetDateTime::now_utc();
         let at = Instant::now();
         let on_disk = match self.target.writer().read_current() {

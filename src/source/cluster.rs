@@ -354,6 +354,18 @@ pub async fn watch(
     }
 }
 
+/// The object as last seen, kept to be sent again when a watch opens after a failure.
+enum LastSeen<K> {
+    /// It does not exist.
+    Missing,
+    /// Its valid content. The certificates are shared with the reconciler's copy, so this
+    /// costs next to nothing, where keeping the object would hold all of its text (a
+    /// ConfigMap of a thousand certificates is over a megabyte) for the life of the watch.
+    Content(SourceCertificates),
+    /// It was not valid: kept whole, so that the same failure is reported again.
+    Invalid(K),
+}
+
 /// Where the watch of one object stands.
 enum Phase<K> {
     /// Nothing known yet, or the resourceVersion expired (`410 Gone`): list the object.
@@ -393,18 +405,33 @@ async fn follow<K>(
         .fields(&selector(object))
         .timeout(WATCH_TIMEOUT_SECONDS);
     let mut backoff = retry_backoff();
-    // The object as last seen; None when it does not exist.
-    let mut current: Option<K> = None;
+    let mut current: LastSeen<K> = LastSeen::Missing;
     // Whether a failure was reported since the source was last known good.
     let mut down = false;
-    let state = |k: &Option<K>| match k {
-        Some(k) => match content(k) {
+    let not_found = || {
+        SourceEvent::Failed(SourceError::NotFound {
+            spec: spec.to_string(),
+        })
+    };
+    // What an object seen now means for the source, and what to keep of it.
+    let seen = |k: Option<K>| match k {
+        Some(k) => match content(&k) {
+            Ok(certificates) => (
+                SourceEvent::Content(certificates.clone()),
+                LastSeen::Content(certificates),
+            ),
+            Err(error) => (SourceEvent::Failed(error), LastSeen::Invalid(k)),
+        },
+        None => (not_found(), LastSeen::Missing),
+    };
+    // The object as last seen, again.
+    let state = |last: &LastSeen<K>| match last {
+        LastSeen::Content(certificates) => SourceEvent::Content(certificates.clone()),
+        LastSeen::Invalid(k) => match content(k) {
             Ok(certificates) => SourceEvent::Content(certificates),
             Err(error) => SourceEvent::Failed(error),
         },
-        None => SourceEvent::Failed(SourceError::NotFound {
-            spec: spec.to_string(),
-        }),
+        LastSeen::Missing => not_found(),
     };
     let mut phase = Phase::List;
     // When the current watch opened.
@@ -417,8 +444,9 @@ async fn follow<K>(
                         let arrived = Instant::now();
                         backoff.reset();
                         down = false;
-                        current = list.items.into_iter().next();
-                        send(state(&current), arrived);
+                        let (event, last) = seen(list.items.into_iter().next());
+                        current = last;
+                        send(event, arrived);
                         phase = Phase::Watch { rv };
                         continue;
                     }
@@ -455,16 +483,17 @@ async fn follow<K>(
                     Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
                         backoff.reset();
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
-                        current = Some(k);
-                        send(state(&current), arrived);
+                        let (event, last) = seen(Some(k));
+                        current = last;
+                        send(event, arrived);
                         phase = Phase::Watching { rv, events };
                         continue;
                     }
                     Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
                         backoff.reset();
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
-                        current = None;
-                        send(state(&current), arrived);
+                        current = LastSeen::Missing;
+                        send(not_found(), arrived);
                         phase = Phase::Watching { rv, events };
                         continue;
                     }

@@ -6,17 +6,73 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use sha2::{Digest, Sha256};
+
 use super::{SourceError, SourceSpec, parse_parts};
 use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates};
 use crate::fsutil::{Links, not_regular, open_regular, read_bounded};
 
 /// Reads and validates a local source. Panics if `spec` is a cluster source.
 pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
+    let parts = read_parts(spec)?;
+    parse_parts(&spec.to_string(), borrowed(&parts))
+}
+
+/// Loads a local source again and again, as the daemon does (on every change, and once a
+/// minute whatever happened): when the bytes read are those of the last successful load,
+/// the content parsed from them then is given again instead of being parsed anew. Parsing
+/// is pure, so the same bytes give the same content; most re-verifications find nothing
+/// changed, and hashing the bytes costs a fraction of parsing them.
+#[derive(Default)]
+pub struct Loader {
+    /// SHA-256 of the parts of the last successful load, and what they held.
+    last: Option<([u8; 32], SourceCertificates)>,
+}
+
+impl Loader {
+    /// [`load`], skipping the parse of bytes already parsed. Panics if `spec` is a cluster
+    /// source.
+    pub fn load(&mut self, spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
+        let parts = read_parts(spec)?;
+        let digest = digest(&parts);
+        if let Some((last, content)) = &self.last
+            && *last == digest
+        {
+            return Ok(content.clone());
+        }
+        let content = parse_parts(&spec.to_string(), borrowed(&parts))?;
+        self.last = Some((digest, content.clone()));
+        Ok(content)
+    }
+}
+
+/// A named part of a local source as read: (file name for a `dir:` source, its bytes).
+type ReadPart = (Option<String>, Vec<u8>);
+
+/// A part as [`parse_parts`] takes it.
+fn borrowed(parts: &[ReadPart]) -> impl Iterator<Item = (Option<String>, &[u8])> {
+    parts.iter().map(|(p, b)| (p.clone(), b.as_slice()))
+}
+
+/// SHA-256 over the parts' bytes, each preceded by its length, so that moving bytes from
+/// one file of a `dir:` source to the next is a change.
+fn digest(parts: &[ReadPart]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for (_, bytes) in parts {
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    }
+    hasher.finalize().into()
+}
+
+/// The bytes of a local source, as (part name, bytes): one unnamed part for `file:`, one
+/// part per file for `dir:`. Panics if `spec` is a cluster source.
+fn read_parts(spec: &SourceSpec) -> Result<Vec<ReadPart>, SourceError> {
     let name = spec.to_string();
     match spec {
         SourceSpec::File(path) => {
             let bytes = read_limited(&name, path, MAX_SOURCE_BYTES)?;
-            parse_parts(&name, [(None, bytes.as_slice())])
+            Ok(vec![(None, bytes)])
         }
         SourceSpec::Dir(dir) => {
             let mut files = Vec::new();
@@ -36,7 +92,7 @@ pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
                 left -= bytes.len();
                 files.push((Some(path.display().to_string()), bytes));
             }
-            parse_parts(&name, files.iter().map(|(p, b)| (p.clone(), b.as_slice())))
+            Ok(files)
         }
         _ => panic!("local::load called for cluster source {name}"),
     }

@@ -6,14 +6,14 @@ pub mod atomic;
 pub mod history;
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use xattr::FileExt;
 
 use crate::bundle::MAX_SOURCE_BYTES;
-use crate::fsutil::{FileKind, Links, Stat, open_regular, read_bounded};
+use crate::fsutil::{FileKind, Links, Stat, open_regular};
 pub use atomic::{Attributes, ReplaceError};
 pub use history::History;
 
@@ -114,7 +114,14 @@ impl BundleWriter {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OnDisk::Missing),
             Err(e) => return Err(read_error(e)),
         };
-        let bytes = read_bounded(&file, MAX_SOURCE_BYTES * 4).map_err(read_error)?;
+        // Read into a buffer of the file's size: growing one by doubling would hold 2 MiB
+        // for a 1.1 MiB bundle, on every pass.
+        let limit = MAX_SOURCE_BYTES * 4;
+        let mut bytes = Vec::with_capacity((metadata.len() as usize).min(limit) + 1);
+        (&file)
+            .take(limit as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
         Ok(OnDisk::Regular {
             bytes,
             stat: Stat::from(&metadata),
