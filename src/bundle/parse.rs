@@ -617,8 +617,8 @@ mod limit_and_armor_tests {
         ];
         for (line, label) in cases {
             assert_eq!(
-                armor_label(line.as_bytes(), BEGIN).as_deref(),
-                label,
+                armor_label(line.as_bytes(), BEGIN),
+                label.map(str::as_bytes),
                 "{line:?}"
             );
         }
