@@ -38,6 +38,23 @@ pub enum Command {
                       SIGTERM or SIGINT finishes a write in progress, then exits 0."
     )]
     Run(Box<RunArgs>),
+    /// Cluster side: derive a small ConfigMap holding the bundle from the sources.
+    #[command(
+        long_about = "Cluster side: build the bundle from the sources (by default the \
+                      ControllerConfig machine-config-controller) with the node agent's rules, and \
+                      keep it in the ConfigMap named by --to with server-side apply, annotated with \
+                      its SHA-256 and the source specs. The ConfigMap is written only when the \
+                      bundle changes, so a source update that leaves the bundle as it is wakes no \
+                      node agent; it is never given an empty or invalid bundle (a bad source keeps \
+                      the last one). A ConfigMap deleted, or edited so that its content no longer \
+                      matches its SHA-256 annotation, is written again. Safe with several replicas \
+                      (one field manager, idempotent apply). Serves /metrics, /healthz, /livez and \
+                      /readyz like run.\n\n\
+                      With --once: read the sources, apply if the bundle changed, and exit 0 \
+                      (applied, or already published), 1 (a source or the API server failed; \
+                      the ConfigMap was left as it was) or 2 (usage error)."
+    )]
+    Publish(Box<PublishArgs>),
     /// Build the bundle from the sources once, write it if it changed, and exit.
     #[command(
         long_about = "Build the bundle from the sources once, write it if it changed, and exit.\n\n\
@@ -246,6 +263,83 @@ pub enum TlsVersion {
     V1_2,
     #[value(name = "1.3")]
     V1_3,
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// The ConfigMap to keep the bundle in: NAMESPACE/NAME, key ca-bundle.crt unless
+    /// NAMESPACE/NAME/KEY.
+    #[arg(long, value_name = "NS/NAME[/KEY]", env = "KUBELET_CA_AGENT_TO", value_parser = parse_configmap_ref)]
+    pub to: ConfigMapRef,
+    /// Publish once and exit instead of watching.
+    #[arg(long, env = "KUBELET_CA_AGENT_ONCE", value_parser = BoolishValueParser::new())]
+    pub once: bool,
+    /// Where the signers come from, in priority order (repeat the flag, or separate with
+    /// commas): configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME.
+    #[arg(
+        long = "source",
+        value_name = "SPEC",
+        env = "KUBELET_CA_AGENT_SOURCE",
+        value_delimiter = ',',
+        default_value = "controllerconfig:machine-config-controller",
+        value_parser = parse_cluster_source_spec
+    )]
+    pub sources: Vec<SourceSpec>,
+    /// Kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Leave certificates past their notAfter out of the bundle (default: keep them).
+    #[arg(long, env = "KUBELET_CA_AGENT_DROP_EXPIRED", value_parser = BoolishValueParser::new())]
+    pub drop_expired: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `--to`: a key of a ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+impl std::fmt::Display for ConfigMapRef {
+    /// As a source spec would name it: the `filepath` label of the publisher's metrics.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "configmap:{}/{}/{}", self.namespace, self.name, self.key)
+    }
+}
+
+fn parse_configmap_ref(s: &str) -> Result<ConfigMapRef, String> {
+    use crate::source::Keys;
+    match format!("configmap:{s}").parse::<SourceSpec>() {
+        Ok(SourceSpec::ConfigMap {
+            namespace,
+            name,
+            keys: Keys::One(key),
+        }) => Ok(ConfigMapRef {
+            namespace,
+            name,
+            key,
+        }),
+        Ok(_) => Err(format!("{s:?}: name one key (NAMESPACE/NAME/KEY), not /*")),
+        Err(e) if e.problem.starts_with("expected ") => Err(format!(
+            "{s:?}: expected NAMESPACE/NAME or NAMESPACE/NAME/KEY"
+        )),
+        Err(e) => Err(format!("{s:?}: {}", e.problem)),
+    }
+}
+
+/// A source `publish` can watch: the cluster kinds only. Local files belong to the node
+/// agent (`run`, `sync`); a publisher runs in a pod, where the cluster is the source.
+fn parse_cluster_source_spec(s: &str) -> Result<SourceSpec, String> {
+    let spec = parse_source_spec(s)?;
+    if !spec.is_cluster() {
+        return Err(format!(
+            "{s:?}: publish reads cluster sources only (configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME)"
+        ));
+    }
+    Ok(spec)
 }
 
 #[derive(Debug, Args)]

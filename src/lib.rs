@@ -12,9 +12,11 @@ pub mod exec;
 pub mod fsutil;
 pub mod logging;
 pub mod metrics;
+pub mod publish;
 pub mod server;
 pub mod source;
 pub mod state;
+pub mod status;
 pub mod systemd;
 pub mod target;
 pub mod text;
@@ -40,6 +42,7 @@ pub fn run() -> anyhow::Result<Exit> {
     logging::init(cli.log.log_format, &cli.log.log_level)?;
     match cli.command {
         Command::Run(args) => daemon::run(*args),
+        Command::Publish(args) => publish::run(*args),
         Command::Sync(args) => commands::sync::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Drift(command) => commands::drift::run(command),

@@ -19,7 +19,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::daemon::status::StatusRx;
+use crate::status::{StatusRx, TargetKind};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FileLabels {
@@ -289,7 +289,8 @@ impl Collector for StateCollector {
                 ))
             }),
         )?;
-        encoder
+        if status.kind == TargetKind::File {
+            encoder
             .encode_descriptor(
                 "kubelet_ca_file_watch_up",
                 "1 when inotify watches every directory of the bundle and the local sources; 0 when changes there are seen only by the once-a-minute re-verification",
@@ -297,6 +298,7 @@ impl Collector for StateCollector {
                 MetricType::Gauge,
             )?
             .encode_gauge(&i64::from(status.file_watch.is_none()))?;
+        }
         gauge(
             &mut encoder,
             "kubelet_ca_last_sync_timestamp_seconds",

@@ -10,6 +10,7 @@
 //! or a probe would wait behind.
 
 pub mod auth;
+pub mod endpoint;
 pub mod review;
 pub mod tls;
 
@@ -30,8 +31,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::daemon::status::StatusRx;
 use crate::metrics;
+use crate::status::StatusRx;
 use crate::text::escape;
 pub use auth::Guard;
 use tls::Tls;

@@ -51,7 +51,8 @@ pub enum FsEvent {
 /// The directories to watch and what their entries mean.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    bundle: PathBuf,
+    /// The managed file, if any (the publisher has none).
+    bundle: Option<PathBuf>,
     sources: Vec<(usize, SourceWatch)>,
     /// The endpoint's TLS files.
     tls: Vec<PathBuf>,
@@ -67,7 +68,7 @@ enum SourceWatch {
 const PROJECTED_DATA: &str = "..data";
 
 impl Plan {
-    pub fn new(bundle: &Path, sources: &[SourceSpec]) -> Plan {
+    pub fn new(bundle: Option<&Path>, sources: &[SourceSpec]) -> Plan {
         // inotify reports names within watched directories; paths are made absolute so
         // that the directories and their parents are unambiguous.
         let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -91,7 +92,7 @@ impl Plan {
             })
             .collect();
         Plan {
-            bundle: absolute(bundle),
+            bundle: bundle.map(absolute),
             sources,
             tls: Vec::new(),
         }
@@ -109,10 +110,12 @@ impl Plan {
     /// Each directory whose entries matter, with what it is for.
     pub fn dirs(&self) -> BTreeMap<PathBuf, String> {
         let mut dirs = BTreeMap::new();
-        dirs.insert(
-            parent_dir(&self.bundle),
-            format!("the directory of the bundle {}", self.bundle.display()),
-        );
+        if let Some(bundle) = &self.bundle {
+            dirs.insert(
+                parent_dir(bundle),
+                format!("the directory of the bundle {}", bundle.display()),
+            );
+        }
         for (_, watch) in &self.sources {
             let (dir, what) = match watch {
                 SourceWatch::File { dir, name } => {
@@ -133,7 +136,10 @@ impl Plan {
     /// What a change to `name` inside `dir` means.
     fn classify(&self, dir: &Path, name: &OsStr, settled: bool) -> Vec<FsEvent> {
         let mut events = Vec::new();
-        if dir == parent_dir(&self.bundle) && Some(name) == self.bundle.file_name() {
+        if let Some(bundle) = &self.bundle
+            && dir == parent_dir(bundle)
+            && Some(name) == bundle.file_name()
+        {
             events.push(FsEvent::Bundle);
         }
         for (index, watch) in &self.sources {
@@ -465,7 +471,7 @@ mod tests {
         .iter()
         .map(|s| s.parse().unwrap())
         .collect();
-        let plan = Plan::new(Path::new("/etc/kubernetes/kubelet-ca.crt"), &sources);
+        let plan = Plan::new(Some(Path::new("/etc/kubernetes/kubelet-ca.crt")), &sources);
         let at = |dir: &str, name: &str| plan.classify(Path::new(dir), OsStr::new(name), true);
         assert_eq!(at("/etc/kubernetes", "kubelet-ca.crt"), [FsEvent::Bundle]);
         assert_eq!(

@@ -16,7 +16,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
 use super::files::FsEvent;
-use super::status::{SourceStatus, Status};
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
 use crate::cli::CommonArgs;
 use crate::exec::Hooks;
@@ -27,6 +26,7 @@ use crate::metrics::{
 use crate::server::Pongs;
 use crate::source::cluster::{SourceEvent, Update};
 use crate::source::{SourceError, SourceSpec, local};
+use crate::status::{SourceStatus, Status, TargetKind};
 use crate::systemd::Notifier;
 use crate::target::Target;
 use crate::writer::OnDisk;
@@ -927,6 +927,7 @@ impl Reconciler {
             }
         };
         let status = Status {
+            kind: TargetKind::File,
             bundle_path: self.file.filepath.clone(),
             certificates,
             sha256: bytes.map(|b| Fingerprint::of(b).to_hex()),

@@ -114,15 +114,18 @@ pub struct Update {
     pub at: Instant,
 }
 
+/// What the watch of one object tells its loop: for a source, `T` is its certificates.
 #[derive(Debug)]
-pub enum SourceEvent {
+pub enum Event<T> {
     /// New valid content.
-    Content(SourceCertificates),
+    Content(T),
     /// The source could not be used; its last good content stays.
     Failed(SourceError),
     /// The watch failed and is being restarted (after backoff).
     WatchRestart(SourceError),
 }
+
+pub type SourceEvent = Event<SourceCertificates>;
 
 /// A named piece of a source's content: (which key, its bytes).
 pub type Part<'a> = (Option<String>, &'a [u8]);
@@ -354,14 +357,29 @@ pub async fn watch(
     }
 }
 
+/// Watches the ConfigMap `namespace/name` for as long as the process runs (as a source is
+/// watched: one list, then watches resumed from the last resourceVersion), sending what
+/// `content` makes of each state of it. `spec` names it in errors.
+pub async fn watch_configmap<T: Clone>(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    spec: &str,
+    content: impl Fn(&ConfigMap) -> Result<T, SourceError>,
+    send: impl Fn(Event<T>, Instant),
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+    follow(api, name, spec, content, send).await;
+}
+
 /// The object as last seen, kept to be sent again when a watch opens after a failure.
-enum LastSeen<K> {
+enum LastSeen<K, T> {
     /// It does not exist.
     Missing,
     /// Its valid content. The certificates are shared with the reconciler's copy, so this
     /// costs next to nothing, where keeping the object would hold all of its text (a
     /// ConfigMap of a thousand certificates is over a megabyte) for the life of the watch.
-    Content(SourceCertificates),
+    Content(T),
     /// It was not valid: kept whole, so that the same failure is reported again.
     Invalid(K),
 }
@@ -391,12 +409,12 @@ enum Phase<K> {
 /// server together do not come back in step. A watch that opens again after a failure sends
 /// the object as last seen again: a resumed watch brings no event when nothing changed, and
 /// this is what tells the reconciler that the source is back.
-async fn follow<K>(
+async fn follow<K, T: Clone>(
     api: Api<K>,
     object: &str,
     spec: &str,
-    content: impl Fn(&K) -> Result<SourceCertificates, SourceError>,
-    send: impl Fn(SourceEvent, Instant),
+    content: impl Fn(&K) -> Result<T, SourceError>,
+    send: impl Fn(Event<T>, Instant),
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -405,11 +423,11 @@ async fn follow<K>(
         .fields(&selector(object))
         .timeout(WATCH_TIMEOUT_SECONDS);
     let mut backoff = retry_backoff();
-    let mut current: LastSeen<K> = LastSeen::Missing;
+    let mut current: LastSeen<K, T> = LastSeen::Missing;
     // Whether a failure was reported since the source was last known good.
     let mut down = false;
     let not_found = || {
-        SourceEvent::Failed(SourceError::NotFound {
+        Event::Failed(SourceError::NotFound {
             spec: spec.to_string(),
         })
     };
@@ -417,19 +435,19 @@ async fn follow<K>(
     let seen = |k: Option<K>| match k {
         Some(k) => match content(&k) {
             Ok(certificates) => (
-                SourceEvent::Content(certificates.clone()),
+                Event::Content(certificates.clone()),
                 LastSeen::Content(certificates),
             ),
-            Err(error) => (SourceEvent::Failed(error), LastSeen::Invalid(k)),
+            Err(error) => (Event::Failed(error), LastSeen::Invalid(k)),
         },
         None => (not_found(), LastSeen::Missing),
     };
     // The object as last seen, again.
-    let state = |last: &LastSeen<K>| match last {
-        LastSeen::Content(certificates) => SourceEvent::Content(certificates.clone()),
+    let state = |last: &LastSeen<K, T>| match last {
+        LastSeen::Content(certificates) => Event::Content(certificates.clone()),
         LastSeen::Invalid(k) => match content(k) {
-            Ok(certificates) => SourceEvent::Content(certificates),
-            Err(error) => SourceEvent::Failed(error),
+            Ok(certificates) => Event::Content(certificates),
+            Err(error) => Event::Failed(error),
         },
         LastSeen::Missing => not_found(),
     };
@@ -538,7 +556,7 @@ async fn follow<K>(
                 }
             }
         };
-        send(SourceEvent::WatchRestart(failure.error), Instant::now());
+        send(Event::WatchRestart(failure.error), Instant::now());
         down = true;
         let delay = backoff.next().unwrap_or(BACKOFF_MAX);
         tokio::time::sleep(delay).await;

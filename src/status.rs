@@ -1,23 +1,36 @@
-//! What the reconciliation loop publishes after every pass: read by `/readyz`, the metrics
-//! collector and the systemd STATUS line. One writer (the loop), many readers.
+//! What a loop publishes after every pass: read by `/readyz`, the metrics collector and the
+//! systemd STATUS line. One writer (the node daemon's reconciler, or the cluster-side
+//! publisher), many readers; the readers depend on this module alone, never on the loop.
 
 use std::sync::Arc;
 
 use crate::bundle::Certificate;
 
+/// What the loop keeps correct: the bundle file (`run`), or a key of a ConfigMap
+/// (`publish`). Below, "the file" is whichever it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TargetKind {
+    #[default]
+    File,
+    ConfigMap,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Status {
+    pub kind: TargetKind,
+    /// The file's path, or `configmap:NAMESPACE/NAME/KEY`: the `filepath` label.
     pub bundle_path: String,
-    /// The certificates of the file on disk, when it is a valid bundle.
+    /// The certificates of the file, when it is a valid bundle.
     pub certificates: Vec<Certificate>,
-    /// SHA-256 of the file on disk, when it exists.
+    /// SHA-256 of the file, when it exists.
     pub sha256: Option<String>,
-    /// The file on disk parses as a bundle with a certificate valid now.
+    /// The file parses as a bundle with a certificate valid now.
     pub file_valid: bool,
     /// Why the file is not valid, when it is not.
     pub file_problem: Option<String>,
     /// `Some(true)` when the file equals the bundle built from the sources; `None` before
-    /// every source has delivered content once (the adopted file stands meanwhile).
+    /// every source has delivered content once (the adopted file stands meanwhile), or
+    /// while a ConfigMap target cannot be seen.
     pub in_sync: Option<bool>,
     /// Why the file is not in sync, when it is not.
     pub sync_problem: Option<String>,
@@ -70,7 +83,9 @@ impl Status {
                 },
             ),
         ];
-        checks.push(("file-watch".to_string(), self.file_watch.clone()));
+        if self.kind == TargetKind::File {
+            checks.push(("file-watch".to_string(), self.file_watch.clone()));
+        }
         for source in &self.sources {
             checks.push((
                 format!("source:{}", source.spec),
