@@ -216,6 +216,44 @@ impl BundleWriter {
 mod tests {
     use super::*;
 
+    /// A bundle merged from several full sources is larger than one source may be: it must
+    /// be read whole, or it would differ from every bundle built and be rewritten on every
+    /// pass.
+    #[test]
+    fn a_bundle_larger_than_any_one_source_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet-ca.crt");
+        let big: Vec<u8> = (0..MAX_SOURCE_BYTES + MAX_SOURCE_BYTES / 4)
+            .map(|i| b'A' + (i % 26) as u8)
+            .collect();
+        std::fs::write(&path, &big).unwrap();
+        match BundleWriter::new(path, 0o644).read_current().unwrap() {
+            OnDisk::Regular { bytes, .. } => {
+                assert_eq!(bytes.len(), big.len());
+                assert!(bytes == big);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Only a missing file is missing: a path that cannot be opened for another reason is
+    /// an error to report, never a file to write over.
+    #[test]
+    fn a_bundle_path_that_cannot_be_opened_is_an_error_not_a_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"x").unwrap();
+        let writer = BundleWriter::new(not_a_dir.join("kubelet-ca.crt"), 0o644);
+        match writer.read_current() {
+            Err(error @ WriteError::Read { .. }) => {
+                assert!(error.to_string().contains("kubelet-ca.crt"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let writer = BundleWriter::new(dir.path().join("absent.crt"), 0o644);
+        assert!(matches!(writer.read_current(), Ok(OnDisk::Missing)));
+    }
+
     #[test]
     fn a_failed_write_is_labelled_by_what_the_operator_has_to_fix() {
         for (kind, reason) in [

@@ -85,6 +85,39 @@ impl Agent {
         Agent { child, port, log }
     }
 
+    /// Starts `publish --to TO` against the API server of `kubeconfig`, with its log under
+    /// `dir`, metrics on a free loopback port (insecure, as for `run`).
+    pub fn publish(
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        to: &str,
+        sources: &[&str],
+        extra: &[&str],
+    ) -> Agent {
+        let port = free_port();
+        let log = dir.join(format!("publisher-{port}.log"));
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("publish")
+            .arg("--to")
+            .arg(to)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("KUBELET_CA_AGENT_INSECURE_METRICS", "true")
+            .env_remove("RUST_LOG")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
+        for s in sources {
+            cmd.arg("--source").arg(s);
+        }
+        cmd.args(extra);
+        let child = cmd.spawn().expect("start the publisher");
+        Agent { child, port, log }
+    }
+
     /// GET `path`; (status code, body), or None if the agent does not answer.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         self.get_with(path, "").map(|(code, _, body)| (code, body))
