@@ -358,13 +358,29 @@ impl Target {
     }
 }
 
+/// How long a stop waits for the records still queued. Writing them takes milliseconds; a
+/// state directory on a hung mount must not turn a SIGTERM into a hang.
+const RECORDS_STOP_WAIT: Duration = Duration::from_secs(5);
+
 impl Drop for Target {
-    /// Lets the records thread finish what is queued, so that a clean stop loses nothing.
+    /// Lets the records thread finish what is queued, so that a clean stop loses nothing,
+    /// but waits no longer than [`RECORDS_STOP_WAIT`].
     fn drop(&mut self) {
         if let Records::Background { queue, thread } = &mut self.records {
             drop(queue.take());
             if let Some(thread) = thread.take() {
-                let _ = thread.join();
+                let deadline = Instant::now() + RECORDS_STOP_WAIT;
+                while !thread.is_finished() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if thread.is_finished() {
+                    let _ = thread.join();
+                } else {
+                    tracing::warn!(
+                        "stopping without the last state records: writing them took over {}s (is the state directory on a hung mount?)",
+                        RECORDS_STOP_WAIT.as_secs()
+                    );
+                }
             }
         }
     }
