@@ -1,7 +1,8 @@
 //! Prometheus metrics (SPEC 9). Counters and the sync histogram live in [`Metrics`] and are
 //! updated where things happen; everything that describes the current state (per-certificate
 //! expiry, sync state, source health) is read from the loop's [`Status`] at scrape time, so
-//! a certificate that left the bundle disappears at the next scrape.
+//! a certificate that left the bundle disappears at the next scrape. The per-certificate
+//! families are encoded once per state of the bundle ([`Exposition`]).
 //!
 //! prometheus-client writes OpenMetrics text. Prometheus's own text format (0.0.4) differs
 //! only in a few spellings, so [`to_prometheus_text`] rewrites those for scrapers that do
@@ -107,9 +108,85 @@ impl Default for Metrics {
     }
 }
 
+/// What `/metrics` serves: the registry (the counters, the state read from the loop, the
+/// process metrics and the build info), and the per-certificate families, encoded once per
+/// state of the bundle rather than on every scrape: for a bundle of a thousand signers they
+/// are nearly all of the text, and they change only when the bundle does, or when one of its
+/// certificates expires.
+pub struct Exposition {
+    registry: Registry,
+    status: StatusRx,
+    certificates: std::sync::Mutex<Option<(CertificatesKey, Arc<str>)>>,
+}
+
+/// What the per-certificate families depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CertificatesKey {
+    filepath: String,
+    sha256: Option<String>,
+    count: usize,
+    /// Certificates expired now: a certificate that expires changes `x509_cert_expired`.
+    expired: usize,
+}
+
+impl Exposition {
+    /// The metrics in OpenMetrics text, or else in Prometheus text format 0.0.4.
+    pub fn encode(&self, openmetrics: bool) -> String {
+        let certificates = self.certificate_families();
+        let main = encode_openmetrics(&self.registry);
+        if openmetrics {
+            let body = main.strip_suffix("# EOF\n").unwrap_or(&main);
+            let mut out = String::with_capacity(body.len() + certificates.len() + 6);
+            out.push_str(body);
+            out.push_str(&certificates);
+            out.push_str("# EOF\n");
+            out
+        } else {
+            // Gauges only: the same in both formats.
+            let mut out = to_prometheus_text(&main);
+            out.push_str(&certificates);
+            out
+        }
+    }
+
+    /// `x509_cert_*` for the status as it is now, encoded again only when it changed.
+    fn certificate_families(&self) -> Arc<str> {
+        self.certificate_families_at(time::OffsetDateTime::now_utc().unix_timestamp())
+    }
+
+    fn certificate_families_at(&self, now: i64) -> Arc<str> {
+        let status = self.status.borrow().clone();
+        let key = CertificatesKey {
+            filepath: status.bundle_path.clone(),
+            sha256: status.sha256.clone(),
+            count: status.certificates.len(),
+            expired: status
+                .certificates
+                .iter()
+                .filter(|c| c.is_expired_at(now))
+                .count(),
+        };
+        let mut cached = self
+            .certificates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((seen, text)) = cached.as_ref()
+            && *seen == key
+        {
+            return text.clone();
+        }
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(CertificateCollector { status, now }));
+        let text = encode_openmetrics(&registry);
+        let text: Arc<str> = text.strip_suffix("# EOF\n").unwrap_or(&text).into();
+        *cached = Some((key, text.clone()));
+        text
+    }
+}
+
 /// The registry behind `/metrics`: the counters, the state read from the loop, the
 /// process metrics and the build info.
-pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> Registry {
+pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> Exposition {
     let mut registry = Registry::default();
     let m = &metrics;
     registry.register(
@@ -166,9 +243,65 @@ pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> 
         "Build and node of this agent",
         Info::new(build),
     );
-    registry.register_collector(Box::new(StateCollector { status }));
+    registry.register_collector(Box::new(StateCollector {
+        status: status.clone(),
+    }));
     registry.register_collector(Box::new(ProcessCollector));
-    registry
+    Exposition {
+        registry,
+        status,
+        certificates: std::sync::Mutex::new(None),
+    }
+}
+
+/// `x509_cert_not_after`, `x509_cert_not_before` and `x509_cert_expired` of one status.
+#[derive(Debug)]
+struct CertificateCollector {
+    status: Arc<crate::status::Status>,
+    now: i64,
+}
+
+impl Collector for CertificateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (status, now) = (&self.status, self.now);
+        let labels = |c: &crate::bundle::Certificate| CertificateLabels {
+            filepath: status.bundle_path.clone(),
+            serial_number: c.serial.clone(),
+            subject_CN: c.subject_cn.clone(),
+            subject_O: c.subject_o.clone(),
+            issuer_CN: c.issuer_cn.clone(),
+            issuer_O: c.issuer_o.clone(),
+        };
+        // Two certificates can share every label (same serial, subject and issuer, other
+        // key); emit the first only, so the exposition stays valid.
+        let mut seen = std::collections::HashSet::new();
+        let certs: Vec<_> = status
+            .certificates
+            .iter()
+            .map(|c| (labels(c), c))
+            .filter(|(l, _)| seen.insert(l.clone()))
+            .collect();
+        gauge(
+            &mut encoder,
+            "x509_cert_not_after",
+            "Certificate notAfter, unix seconds",
+            certs.iter().map(|(l, c)| (l.clone(), c.not_after)),
+        )?;
+        gauge(
+            &mut encoder,
+            "x509_cert_not_before",
+            "Certificate notBefore, unix seconds",
+            certs.iter().map(|(l, c)| (l.clone(), c.not_before)),
+        )?;
+        gauge(
+            &mut encoder,
+            "x509_cert_expired",
+            "1 if the certificate is past its notAfter",
+            certs
+                .iter()
+                .map(|(l, c)| (l.clone(), i64::from(c.is_expired_at(now)))),
+        )
+    }
 }
 
 /// Metrics derived from the loop's status at scrape time.
@@ -193,46 +326,9 @@ fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
 impl Collector for StateCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let status = self.status.borrow().clone();
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let file = || FileLabels {
             filepath: status.bundle_path.clone(),
         };
-        let labels = |c: &crate::bundle::Certificate| CertificateLabels {
-            filepath: status.bundle_path.clone(),
-            serial_number: c.serial.clone(),
-            subject_CN: c.subject_cn.clone(),
-            subject_O: c.subject_o.clone(),
-            issuer_CN: c.issuer_cn.clone(),
-            issuer_O: c.issuer_o.clone(),
-        };
-        // Two certificates can share every label (same serial, subject and issuer, other
-        // key); emit the first only, so the exposition stays valid.
-        let mut seen = std::collections::HashSet::new();
-        let certs: Vec<_> = status
-            .certificates
-            .iter()
-            .filter(|c| seen.insert(labels(c)))
-            .collect();
-        gauge(
-            &mut encoder,
-            "x509_cert_not_after",
-            "Certificate notAfter, unix seconds",
-            certs.iter().map(|c| (labels(c), c.not_after)),
-        )?;
-        gauge(
-            &mut encoder,
-            "x509_cert_not_before",
-            "Certificate notBefore, unix seconds",
-            certs.iter().map(|c| (labels(c), c.not_before)),
-        )?;
-        gauge(
-            &mut encoder,
-            "x509_cert_expired",
-            "1 if the certificate is past its notAfter",
-            certs
-                .iter()
-                .map(|c| (labels(c), i64::from(c.is_expired_at(now)))),
-        )?;
         let on_disk = status.sha256.is_some();
         gauge(
             &mut encoder,
@@ -456,6 +552,65 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::test_certs;
+    use crate::status::Status;
+
+    #[test]
+    fn certificate_families_are_encoded_again_only_when_the_bundle_or_an_expiry_changes() {
+        const T: i64 = 1_900_000_000;
+        let (a, b) = (
+            test_certs::ca(Some("signer-a"), None, T - 100, T + 100),
+            test_certs::ca(Some("signer-b"), None, T - 100, T + 1000),
+        );
+        let status = |certificates: Vec<_>, sha: &str| {
+            Arc::new(Status {
+                bundle_path: "/etc/kubernetes/kubelet-ca.crt".into(),
+                certificates,
+                sha256: Some(sha.into()),
+                ..Status::default()
+            })
+        };
+        let (tx, rx) = tokio::sync::watch::channel(status(vec![a.clone()], "1"));
+        let exposition = registry(Arc::new(Metrics::default()), rx, None);
+        let first = exposition.certificate_families_at(T);
+        assert!(
+            first.contains("x509_cert_expired{") && first.contains("signer-a"),
+            "{first}"
+        );
+        assert!(!first.contains("# EOF"), "{first}");
+        // A new pass over the same file: the text is reused, not encoded again.
+        tx.send_replace(status(vec![a.clone()], "1"));
+        assert!(Arc::ptr_eq(
+            &first,
+            &exposition.certificate_families_at(T + 50)
+        ));
+        // signer-a expires: encoded again, with x509_cert_expired 1.
+        let expired = exposition.certificate_families_at(T + 101);
+        assert!(!Arc::ptr_eq(&first, &expired));
+        assert!(
+            expired.contains("x509_cert_expired{") && expired.contains("} 1\n"),
+            "{expired}"
+        );
+        // Another bundle: signer-a's series are gone.
+        tx.send_replace(status(vec![b], "2"));
+        let other = exposition.certificate_families_at(T + 101);
+        assert!(
+            other.contains("signer-b") && !other.contains("signer-a"),
+            "{other}"
+        );
+        // Both formats carry them once, OpenMetrics still ending with # EOF.
+        let openmetrics = exposition.encode(true);
+        assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+        assert_eq!(
+            openmetrics
+                .matches("# TYPE x509_cert_not_after gauge")
+                .count(),
+            1
+        );
+        let text = exposition.encode(false);
+        assert!(!text.contains("# EOF"));
+        assert_eq!(text.matches("# TYPE x509_cert_not_after gauge").count(), 1);
+    }
 
     #[test]
     fn counters_and_info_are_renamed_for_prometheus_text() {

@@ -25,7 +25,6 @@ use axum::{Extension, Router};
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
@@ -97,7 +96,7 @@ impl Liveness {
 #[derive(Clone)]
 struct App {
     status: StatusRx,
-    registry: Arc<Registry>,
+    exposition: Arc<metrics::Exposition>,
     liveness: Liveness,
     guard: Arc<Guard>,
 }
@@ -118,13 +117,13 @@ const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 pub fn router(
     status: StatusRx,
-    registry: Registry,
+    exposition: metrics::Exposition,
     liveness: Liveness,
     guard: Arc<Guard>,
 ) -> Router {
     let app = App {
         status,
-        registry: Arc::new(registry),
+        exposition: Arc::new(exposition),
         liveness,
         guard,
     };
@@ -261,25 +260,20 @@ async fn metrics_handler(
     if let Err(refusal) = app.guard.admit(&chain, &headers, "/metrics").await {
         return refuse(refusal.code, &refusal.why);
     }
-    let openmetrics = metrics::encode_openmetrics(&app.registry);
     let wants_openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
-    if wants_openmetrics {
-        (
-            [(header::CONTENT_TYPE, metrics::OPENMETRICS_CONTENT_TYPE)],
-            openmetrics,
-        )
-            .into_response()
+    let content_type = if wants_openmetrics {
+        metrics::OPENMETRICS_CONTENT_TYPE
     } else {
-        let text = metrics::to_prometheus_text(&openmetrics);
-        (
-            [(header::CONTENT_TYPE, metrics::PROMETHEUS_CONTENT_TYPE)],
-            text,
-        )
-            .into_response()
-    }
+        metrics::PROMETHEUS_CONTENT_TYPE
+    };
+    (
+        [(header::CONTENT_TYPE, content_type)],
+        app.exposition.encode(wants_openmetrics),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
