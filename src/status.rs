@@ -127,3 +127,10 @@ impl Status {
 }
 
 pub type StatusRx = tokio::sync::watch::Receiver<Arc<Status>>;
+
+/// Now, in unix seconds: the unit of the timestamps in a [`Status`].
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

@@ -8,7 +8,7 @@
 //! without a process, a clock or a disk.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 use tokio::signal::unix::Signal;
@@ -20,13 +20,12 @@ use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertific
 use crate::cli::CommonArgs;
 use crate::exec::Hooks;
 use crate::fsutil::{FileKind, Stat};
-use crate::metrics::{
-    FileLabels, FileReasonLabels, Metrics, RecordLabels, SourceLabels, SourceReasonLabels,
-};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics, RecordLabels};
 use crate::server::Pongs;
 use crate::source::cluster::{SourceEvent, Update};
-use crate::source::{SourceError, SourceSpec, local};
-use crate::status::{SourceStatus, Status, TargetKind};
+use crate::source::local;
+use crate::source::state::SourceState;
+use crate::status::{Status, TargetKind, unix_now};
 use crate::systemd::Notifier;
 use crate::target::Target;
 use crate::writer::OnDisk;
@@ -74,13 +73,7 @@ pub struct Inputs {
 
 /// What the loop knows about one source.
 struct Slot {
-    spec: SourceSpec,
-    name: String,
-    /// The last good content: what the bundle is built from, kept while the source fails.
-    content: Option<SourceCertificates>,
-    up: bool,
-    problem: Option<String>,
-    last_change: Option<f64>,
+    source: SourceState,
     /// For a local source: read again at this instant.
     read_at: Option<Instant>,
     /// The first in-place change that `read_at` waits to see finished.
@@ -258,12 +251,6 @@ pub struct Reconciler {
     last_sync: Option<f64>,
 }
 
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// The valid bundle found on disk at start, parsed once: its certificates decide whether it
 /// may still be restored and when its validity changes, on every pass and every turn of
 /// the loop while no source has been read.
@@ -288,12 +275,7 @@ impl Reconciler {
             .sources
             .iter()
             .map(|spec| Slot {
-                spec: spec.clone(),
-                name: spec.to_string(),
-                content: None,
-                up: false,
-                problem: Some("not read yet".to_string()),
-                last_change: None,
+                source: SourceState::new(spec),
                 read_at: None,
                 writing_since: None,
                 read_retry: Backoff::default(),
@@ -378,7 +360,7 @@ impl Reconciler {
         }
         let now = Instant::now();
         for index in 0..self.slots.len() {
-            if !self.slots[index].spec.is_cluster() {
+            if !self.slots[index].source.spec.is_cluster() {
                 self.read_local(index, now);
             }
         }
@@ -431,7 +413,11 @@ impl Reconciler {
                 // The safety net: whatever inotify said, look at every local source and
                 // (in the pass below) at the file.
                 self.verify_at = now + VERIFY_EVERY;
-                for slot in self.slots.iter_mut().filter(|s| !s.spec.is_cluster()) {
+                for slot in self
+                    .slots
+                    .iter_mut()
+                    .filter(|s| !s.source.spec.is_cluster())
+                {
                     slot.read_at = Some(now);
                 }
                 work = true;
@@ -476,7 +462,11 @@ impl Reconciler {
             FsEvent::Rescan => {
                 tracing::info!("looking at the bundle and the local sources again");
                 self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
-                for slot in self.slots.iter_mut().filter(|s| !s.spec.is_cluster()) {
+                for slot in self
+                    .slots
+                    .iter_mut()
+                    .filter(|s| !s.source.spec.is_cluster())
+                {
                     slot.read_at = Some(at);
                 }
             }
@@ -511,7 +501,7 @@ impl Reconciler {
     /// Reads a `file:` or `dir:` source now; a read that failed is retried with backoff.
     fn read_local(&mut self, index: usize, at: Instant) {
         let slot = &mut self.slots[index];
-        let result = slot.loader.load(&slot.spec);
+        let result = slot.loader.load(&slot.source.spec);
         match &result {
             Err(error) if local::retryable(error) => {
                 slot.read_retry
@@ -528,66 +518,9 @@ impl Reconciler {
     }
 
     fn on_update(&mut self, update: Update) {
-        let metrics = self.metrics.clone();
         let slot = &mut self.slots[update.index];
-        let labels = |reason: &str| SourceReasonLabels {
-            source: slot.name.clone(),
-            reason: reason.to_string(),
-        };
-        match update.event {
-            SourceEvent::Content(content) => {
-                let changed = slot
-                    .content
-                    .as_ref()
-                    .is_none_or(|old| fingerprints(old) != fingerprints(&content));
-                if !slot.up {
-                    tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source is up");
-                }
-                slot.up = true;
-                slot.problem = None;
-                if changed {
-                    if !content.not_ca.is_empty() {
-                        let count = content.not_ca.len() as u64;
-                        metrics
-                            .rejected_certificates
-                            .get_or_create(&labels("not_ca"))
-                            .inc_by(count);
-                    }
-                    crate::source::warn_not_ca(&slot.spec, &content);
-                    tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source content changed");
-                    slot.content = Some(content);
-                    slot.last_change = Some(unix_now());
-                    self.pending_since.get_or_insert(update.at);
-                }
-            }
-            SourceEvent::Failed(error) => {
-                metrics
-                    .source_errors
-                    .get_or_create(&labels(error.reason()))
-                    .inc();
-                report(
-                    slot,
-                    &error,
-                    "source update rejected; keeping its last good content",
-                );
-            }
-            SourceEvent::WatchRestart(error) => {
-                metrics
-                    .source_errors
-                    .get_or_create(&labels(error.reason()))
-                    .inc();
-                metrics
-                    .watch_restarts
-                    .get_or_create(&SourceLabels {
-                        source: slot.name.clone(),
-                    })
-                    .inc();
-                report(
-                    slot,
-                    &error,
-                    "watch failed; retrying with backoff, keeping the last good content",
-                );
-            }
+        if slot.source.observe(update.event, &self.metrics) {
+            self.pending_since.get_or_insert(update.at);
         }
     }
 
@@ -625,7 +558,7 @@ impl Reconciler {
                 return;
             }
         };
-        let all_read = self.slots.iter().all(|s| s.content.is_some());
+        let all_read = self.slots.iter().all(|s| s.source.content.is_some());
         let goal: Arc<[u8]> = if all_read {
             match self.build(now) {
                 Some(desired) => desired.rendered.clone(),
@@ -794,7 +727,7 @@ impl Reconciler {
         let sources: Vec<SourceCertificates> = self
             .slots
             .iter()
-            .filter_map(|s| s.content.clone())
+            .filter_map(|s| s.source.content.clone())
             .collect();
         match bundle::build(&sources, &self.memory, self.policy, now.unix_timestamp()) {
             Ok(built) => {
@@ -863,7 +796,7 @@ impl Reconciler {
         let certificates = self
             .slots
             .iter()
-            .filter_map(|s| s.content.as_ref())
+            .filter_map(|s| s.source.content.as_ref())
             .flat_map(|c| c.certificates.iter());
         let adopted = self
             .adopted
@@ -935,16 +868,7 @@ impl Reconciler {
             file_problem,
             in_sync,
             sync_problem,
-            sources: self
-                .slots
-                .iter()
-                .map(|s| SourceStatus {
-                    spec: s.name.clone(),
-                    up: s.up,
-                    problem: s.problem.clone(),
-                    last_change: s.last_change,
-                })
-                .collect(),
+            sources: self.slots.iter().map(|s| s.source.status()).collect(),
             last_sync: self.last_sync,
             file_watch: self.file_watch.clone(),
         };
@@ -952,25 +876,6 @@ impl Reconciler {
         self.notifier.ready(status.ready());
         self.status.send_replace(Arc::new(status));
     }
-}
-
-fn fingerprints(content: &SourceCertificates) -> Vec<Fingerprint> {
-    content
-        .certificates
-        .iter()
-        .chain(content.not_ca.iter().map(|s| &s.certificate))
-        .map(|c| c.fingerprint())
-        .collect()
-}
-
-/// Marks a source down and logs why, once per distinct problem.
-fn report(slot: &mut Slot, error: &SourceError, what: &str) {
-    let problem = error.to_string();
-    if slot.problem.as_ref() != Some(&problem) {
-        tracing::warn!(source = %slot.name, reason = error.reason(), "{what}: {problem}");
-    }
-    slot.up = false;
-    slot.problem = Some(problem);
 }
 
 #[cfg(test)]

@@ -24,12 +24,13 @@ use tokio::time::sleep_until;
 use crate::bundle::{self, Certificate, Fingerprint, Policy, SourceCertificates};
 use crate::cli::{ConfigMapRef, PublishArgs};
 use crate::error::{Exit, UsageError};
-use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceLabels, SourceReasonLabels};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics};
 use crate::server::endpoint::Endpoint;
 use crate::server::{self, Pongs};
-use crate::source::cluster::{self, Event, SourceEvent, Update};
+use crate::source::cluster::{self, Event, Update};
+use crate::source::state::SourceState;
 use crate::source::{SourceError, SourceSpec};
-use crate::status::{SourceStatus, Status, TargetKind};
+use crate::status::{Status, TargetKind, unix_now};
 use configmap::{Observed, Seen, Step};
 
 /// A failed apply is tried again from 1 s, doubling, up to this.
@@ -160,15 +161,6 @@ fn kube_error(error: &kube::Error) -> String {
     }
 }
 
-/// What the loop knows about one source.
-struct Slot {
-    name: String,
-    content: Option<SourceCertificates>,
-    up: bool,
-    problem: Option<String>,
-    last_change: Option<f64>,
-}
-
 /// The bundle built from the sources.
 struct Desired {
     certificates: Vec<Certificate>,
@@ -191,7 +183,7 @@ struct Publisher {
     api: Api<ConfigMap>,
     sources_annotation: String,
     policy: Policy,
-    slots: Vec<Slot>,
+    slots: Vec<SourceState>,
     desired: Option<Desired>,
     build_problem: Option<String>,
     seen: Seen,
@@ -211,10 +203,6 @@ struct Publisher {
     last_sync: Option<f64>,
     metrics: Arc<Metrics>,
     status: watch::Sender<Arc<Status>>,
-}
-
-fn unix_now() -> f64 {
-    OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9
 }
 
 /// The loop's inputs besides the source updates.
@@ -303,17 +291,7 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
         label,
         sources_annotation: source_list(&args.sources),
         policy: policy(&args),
-        slots: args
-            .sources
-            .iter()
-            .map(|spec| Slot {
-                name: spec.to_string(),
-                content: None,
-                up: false,
-                problem: Some("not read yet".to_string()),
-                last_change: None,
-            })
-            .collect(),
+        slots: args.sources.iter().map(SourceState::new).collect(),
         desired: None,
         build_problem: None,
         seen: Seen::Unknown,
@@ -369,71 +347,8 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
 
 impl Publisher {
     fn on_update(&mut self, update: Update) {
-        let metrics = self.metrics.clone();
-        let slot = &mut self.slots[update.index];
-        let labels = |reason: &str| SourceReasonLabels {
-            source: slot.name.clone(),
-            reason: reason.to_string(),
-        };
-        match update.event {
-            SourceEvent::Content(content) => {
-                let fingerprints = |c: &SourceCertificates| {
-                    c.certificates
-                        .iter()
-                        .map(Certificate::fingerprint)
-                        .collect::<Vec<_>>()
-                };
-                let changed = slot
-                    .content
-                    .as_ref()
-                    .is_none_or(|old| fingerprints(old) != fingerprints(&content));
-                if !slot.up {
-                    tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source is up");
-                }
-                slot.up = true;
-                slot.problem = None;
-                if changed {
-                    if !content.not_ca.is_empty() {
-                        metrics
-                            .rejected_certificates
-                            .get_or_create(&labels("not_ca"))
-                            .inc_by(content.not_ca.len() as u64);
-                        tracing::warn!(source = %slot.name, count = content.not_ca.len(), "left out certificates that are not CAs");
-                    }
-                    tracing::info!(source = %slot.name, certificates = content.certificates.len(), "source content changed");
-                    slot.content = Some(content);
-                    slot.last_change = Some(unix_now());
-                    self.pending_since.get_or_insert(update.at);
-                }
-            }
-            SourceEvent::Failed(error) => {
-                metrics
-                    .source_errors
-                    .get_or_create(&labels(error.reason()))
-                    .inc();
-                report(
-                    slot,
-                    &error,
-                    "source update rejected; keeping its last good content",
-                );
-            }
-            SourceEvent::WatchRestart(error) => {
-                metrics
-                    .source_errors
-                    .get_or_create(&labels(error.reason()))
-                    .inc();
-                metrics
-                    .watch_restarts
-                    .get_or_create(&SourceLabels {
-                        source: slot.name.clone(),
-                    })
-                    .inc();
-                report(
-                    slot,
-                    &error,
-                    "watch failed; retrying with backoff, keeping the last good content",
-                );
-            }
+        if self.slots[update.index].observe(update.event, &self.metrics) {
+            self.pending_since.get_or_insert(update.at);
         }
     }
 
@@ -722,16 +637,7 @@ impl Publisher {
             file_problem: problem,
             in_sync,
             sync_problem,
-            sources: self
-                .slots
-                .iter()
-                .map(|s| SourceStatus {
-                    spec: s.name.clone(),
-                    up: s.up,
-                    problem: s.problem.clone(),
-                    last_change: s.last_change,
-                })
-                .collect(),
+            sources: self.slots.iter().map(SourceState::status).collect(),
             last_sync: self.last_sync,
             file_watch: None,
         };
@@ -741,13 +647,4 @@ impl Publisher {
 
 fn short(sha256: Option<&str>) -> String {
     sha256.map_or_else(|| "-".to_string(), |s| s.chars().take(12).collect())
-}
-
-fn report(slot: &mut Slot, error: &SourceError, what: &str) {
-    let problem = error.to_string();
-    if slot.problem.as_ref() != Some(&problem) {
-        tracing::warn!(source = %slot.name, reason = error.reason(), "{what}: {problem}");
-    }
-    slot.up = false;
-    slot.problem = Some(problem);
 }

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod local;
+pub mod state;
 
 use std::fmt;
 use std::path::PathBuf;

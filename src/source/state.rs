@@ -1,0 +1,128 @@
+//! What a loop knows about one source, and how it takes in the source's events: the same
+//! for the node daemon and the publisher, so that both count, log and report a source
+//! alike.
+
+use crate::bundle::{Fingerprint, SourceCertificates};
+use crate::metrics::{Metrics, SourceLabels, SourceReasonLabels};
+use crate::status::{SourceStatus, unix_now};
+
+use super::cluster::SourceEvent;
+use super::{SourceError, SourceSpec};
+
+pub struct SourceState {
+    pub spec: SourceSpec,
+    /// The spec as text: the `source` label and the name in every message.
+    pub name: String,
+    /// The last good content: what the bundle is built from, kept while the source fails.
+    pub content: Option<SourceCertificates>,
+    pub up: bool,
+    pub problem: Option<String>,
+    /// Unix seconds when the content last changed.
+    pub last_change: Option<f64>,
+}
+
+impl SourceState {
+    pub fn new(spec: &SourceSpec) -> SourceState {
+        SourceState {
+            spec: spec.clone(),
+            name: spec.to_string(),
+            content: None,
+            up: false,
+            problem: Some("not read yet".to_string()),
+            last_change: None,
+        }
+    }
+
+    /// Takes an event of the source in, counting and logging it; true when the content
+    /// changed (the same certificates again are no change).
+    pub fn observe(&mut self, event: SourceEvent, metrics: &Metrics) -> bool {
+        let labels = |reason: &str| SourceReasonLabels {
+            source: self.name.clone(),
+            reason: reason.to_string(),
+        };
+        match event {
+            SourceEvent::Content(content) => {
+                let changed = self
+                    .content
+                    .as_ref()
+                    .is_none_or(|old| fingerprints(old) != fingerprints(&content));
+                if !self.up {
+                    tracing::info!(source = %self.name, certificates = content.certificates.len(), "source is up");
+                }
+                self.up = true;
+                self.problem = None;
+                if changed {
+                    if !content.not_ca.is_empty() {
+                        let count = content.not_ca.len() as u64;
+                        metrics
+                            .rejected_certificates
+                            .get_or_create(&labels("not_ca"))
+                            .inc_by(count);
+                    }
+                    super::warn_not_ca(&self.spec, &content);
+                    tracing::info!(source = %self.name, certificates = content.certificates.len(), "source content changed");
+                    self.content = Some(content);
+                    self.last_change = Some(unix_now());
+                }
+                changed
+            }
+            SourceEvent::Failed(error) => {
+                metrics
+                    .source_errors
+                    .get_or_create(&labels(error.reason()))
+                    .inc();
+                self.report(
+                    &error,
+                    "source update rejected; keeping its last good content",
+                );
+                false
+            }
+            SourceEvent::WatchRestart(error) => {
+                metrics
+                    .source_errors
+                    .get_or_create(&labels(error.reason()))
+                    .inc();
+                metrics
+                    .watch_restarts
+                    .get_or_create(&SourceLabels {
+                        source: self.name.clone(),
+                    })
+                    .inc();
+                self.report(
+                    &error,
+                    "watch failed; retrying with backoff, keeping the last good content",
+                );
+                false
+            }
+        }
+    }
+
+    /// The source is down: logged once per distinct problem.
+    fn report(&mut self, error: &SourceError, what: &str) {
+        let problem = error.to_string();
+        if self.problem.as_ref() != Some(&problem) {
+            tracing::warn!(source = %self.name, reason = error.reason(), "{what}: {problem}");
+        }
+        self.up = false;
+        self.problem = Some(problem);
+    }
+
+    pub fn status(&self) -> SourceStatus {
+        SourceStatus {
+            spec: self.name.clone(),
+            up: self.up,
+            problem: self.problem.clone(),
+            last_change: self.last_change,
+        }
+    }
+}
+
+/// What identifies a source's content: its certificates, and those left out as not CAs.
+fn fingerprints(content: &SourceCertificates) -> Vec<Fingerprint> {
+    content
+        .certificates
+        .iter()
+        .chain(content.not_ca.iter().map(|s| &s.certificate))
+        .map(|c| c.fingerprint())
+        .collect()
+}
