@@ -25,6 +25,8 @@ pub const MANAGED_BY: &str = "kubelet-ca-agent";
 pub struct Observed {
     /// The key's bytes (from `data`, else `binaryData`); None when the key is absent.
     pub bytes: Option<Arc<[u8]>>,
+    /// Their SHA-256.
+    pub sha256: Option<String>,
     /// The SHA-256 annotation, when present.
     pub annotated: Option<String>,
     pub resource_version: Option<String>,
@@ -44,26 +46,34 @@ impl Observed {
                     .and_then(|d| d.get(key))
                     .map(|v| Arc::from(&v.0[..]))
             });
-        Observed {
+        Observed::new(
             bytes,
-            annotated: configmap
+            configmap
                 .metadata
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(SHA256_ANNOTATION))
                 .cloned(),
-            resource_version: configmap.metadata.resource_version.clone(),
-        }
+            configmap.metadata.resource_version.clone(),
+        )
     }
 
-    /// The SHA-256 of the key's bytes.
-    pub fn sha256(&self) -> Option<String> {
-        self.bytes.as_deref().map(|b| Fingerprint::of(b).to_hex())
+    pub fn new(
+        bytes: Option<Arc<[u8]>>,
+        annotated: Option<String>,
+        resource_version: Option<String>,
+    ) -> Observed {
+        Observed {
+            sha256: bytes.as_deref().map(|b| Fingerprint::of(b).to_hex()),
+            bytes,
+            annotated,
+            resource_version,
+        }
     }
 
     /// The key holds exactly the bundle whose SHA-256 is `sha256`, and says so.
     pub fn holds(&self, sha256: &str) -> bool {
-        self.annotated.as_deref() == Some(sha256) && self.sha256().as_deref() == Some(sha256)
+        self.annotated.as_deref() == Some(sha256) && self.sha256.as_deref() == Some(sha256)
     }
 
     /// What is wrong with the object as a publisher's output, if anything: the key missing,
@@ -74,11 +84,9 @@ impl Observed {
         match (&self.bytes, &self.annotated) {
             (None, _) => Some("the key is missing".to_string()),
             (Some(_), None) => Some(format!("the {SHA256_ANNOTATION} annotation is missing")),
-            (Some(_), Some(annotated)) if self.sha256().as_deref() != Some(annotated) => {
-                Some(format!(
-                    "the content does not match its {SHA256_ANNOTATION} annotation (changed by another writer)"
-                ))
-            }
+            (Some(_), Some(annotated)) if self.sha256.as_ref() != Some(annotated) => Some(format!(
+                "the content does not match its {SHA256_ANNOTATION} annotation (changed by another writer)"
+            )),
             _ => None,
         }
     }
@@ -167,11 +175,11 @@ mod tests {
     use super::*;
 
     fn observed(bytes: Option<&[u8]>, annotated: Option<&str>) -> Observed {
-        Observed {
-            bytes: bytes.map(Arc::from),
-            annotated: annotated.map(str::to_string),
-            resource_version: Some("7".into()),
-        }
+        Observed::new(
+            bytes.map(Arc::from),
+            annotated.map(str::to_string),
+            Some("7".into()),
+        )
     }
 
     fn sha(bytes: &[u8]) -> String {

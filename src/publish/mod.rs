@@ -194,6 +194,9 @@ struct Publisher {
     published: Option<String>,
     /// An apply in flight: the SHA-256 it carries.
     applying: Option<String>,
+    /// The SHA-256 of the bundle whose apply failed last; another bundle is tried at once,
+    /// this one after `retry_at`.
+    failed: Option<String>,
     applied_tx: mpsc::UnboundedSender<Applied>,
     retry_at: Option<Instant>,
     retry_delay: Duration,
@@ -299,6 +302,7 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
         target_down: None,
         published: None,
         applying: None,
+        failed: None,
         applied_tx,
         retry_at: None,
         retry_delay: APPLY_RETRY_FIRST,
@@ -388,6 +392,7 @@ impl Publisher {
                 self.published = Some(applied.sha256.clone());
                 self.retry_delay = APPLY_RETRY_FIRST;
                 self.retry_at = None;
+                self.failed = None;
                 self.last_error = None;
                 // An apply that changed nothing (another replica was first) keeps the
                 // resourceVersion: not a write.
@@ -417,6 +422,7 @@ impl Publisher {
                 tracing::error!(to = %self.label, "cannot apply the ConfigMap: {problem}; trying again in {}s", self.retry_delay.as_secs());
                 self.retry_at = Some(Instant::now() + self.retry_delay);
                 self.retry_delay = (self.retry_delay * 2).min(APPLY_RETRY_MAX);
+                self.failed = Some(applied.sha256);
                 self.last_error = Some(problem);
             }
         }
@@ -486,9 +492,17 @@ impl Publisher {
             &self.seen,
             self.target_down.is_some(),
         );
-        let blocked = self.applying.is_some() || self.retry_at.is_some();
-        if step != Step::Wait && !blocked {
-            self.start_apply(step == Step::Repair);
+        let backing_off = self.retry_at.is_some() && self.failed.as_deref() == desired;
+        match step {
+            Step::Wait => {
+                // Nothing left to publish: a source change that left the bundle as it was
+                // has no sync to time.
+                if self.applying.is_none() && self.published.as_deref() == desired {
+                    self.pending_since = None;
+                }
+            }
+            _ if self.applying.is_some() || backing_off => {}
+            step => self.start_apply(step == Step::Repair),
         }
         self.publish_status();
         crate::daemon::allocator::after_pass(self.desired.as_ref().map_or(0, |d| d.rendered.len()));
@@ -559,7 +573,7 @@ impl Publisher {
 
     /// The certificates the ConfigMap holds, parsed once per distinct content.
     fn target_certificates(&mut self, observed: &Observed) -> Result<Vec<Certificate>, String> {
-        let sha = observed.sha256().unwrap_or_default();
+        let sha = observed.sha256.clone().unwrap_or_default();
         if let Some((seen, parsed)) = &self.seen_certificates
             && *seen == sha
         {
@@ -592,9 +606,9 @@ impl Publisher {
                     let valid = certificates.iter().any(|c| c.is_valid_at(now));
                     let problem = (!valid)
                         .then(|| "no certificate in the ConfigMap is valid now".to_string());
-                    (certificates, observed.sha256(), valid, problem)
+                    (certificates, observed.sha256.clone(), valid, problem)
                 }
-                Err(problem) => (Vec::new(), observed.sha256(), false, Some(problem)),
+                Err(problem) => (Vec::new(), observed.sha256.clone(), false, Some(problem)),
             },
         };
         // What cannot be seen is not vouched for.
