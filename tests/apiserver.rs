@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use apiserver::{ApiServer, Fault, HangMode, Rule, Target};
 use futures::{Stream, StreamExt};
+use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
-    Api, ApiResource, DynamicObject, ListParams, Request, VersionMatch, WatchEvent, WatchParams,
+    Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, Request, VersionMatch,
+    WatchEvent, WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const NS: &str = "openshift-config";
 const CM_PATH: &str = "/api/v1/namespaces/openshift-config/configmaps";
@@ -785,4 +787,725 @@ async fn bookmarks_keep_coming_once_the_resource_version_moved_past_the_start() 
         }
     }
     assert_eq!(server.last_rv_delivered(), Some(moved));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server-side apply
+// ---------------------------------------------------------------------------------------------
+
+/// The field manager the `publish` command applies as.
+const PUBLISHER: &str = "kubelet-ca-agent-publisher";
+
+/// What `publish` applies: the bundle and an annotation naming it.
+fn bundle_config(name: &str, bundle: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "annotations": {"kubelet-ca-agent/sha256": format!("sha-of-{bundle}")},
+        },
+        "data": {"ca-bundle.crt": bundle},
+    })
+}
+
+fn publish() -> PatchParams {
+    PatchParams::apply(PUBLISHER).force()
+}
+
+fn apply(config: Value) -> Patch<Value> {
+    Patch::Apply(config)
+}
+
+/// Sends a PATCH as kube-rs builds it and returns the HTTP status and the JSON answered (the
+/// object, or a Status), which `Api::patch` does not show whole.
+async fn patch_raw(
+    server: &ApiServer,
+    name: &str,
+    pp: &PatchParams,
+    patch: &Patch<Value>,
+) -> (u16, Value) {
+    let req = Request::new(CM_PATH).patch(name, pp, patch).unwrap();
+    send_raw(server, req).await
+}
+
+/// Sends a request built with kube-rs's `Request` (maybe altered) the same way.
+async fn send_raw(server: &ApiServer, req: hyper::Request<Vec<u8>>) -> (u16, Value) {
+    let client = client_from(server.kubeconfig()).await;
+    let resp = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&body)));
+    (code, json)
+}
+
+fn status_of(err: kube::Error) -> kube::core::Status {
+    match err {
+        kube::Error::Api(status) => *status,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// (manager, operation) of each managedFields entry, in order.
+fn managers(cm: &ConfigMap) -> Vec<(String, String)> {
+    let entries = cm.metadata.managed_fields.iter().flatten();
+    entries
+        .map(|e| {
+            let text = |s: &Option<String>| s.clone().unwrap_or_default();
+            (text(&e.manager), text(&e.operation))
+        })
+        .collect()
+}
+
+fn owner(name: &str, operation: &str) -> (String, String) {
+    (name.to_owned(), operation.to_owned())
+}
+
+#[tokio::test]
+async fn apply_creates_a_missing_configmap_owned_by_its_applier() {
+    let server = ApiServer::start();
+    let (code, obj) = patch_raw(
+        &server,
+        "bundle",
+        &publish(),
+        &apply(bundle_config("bundle", "PEM-1")),
+    )
+    .await;
+    assert_eq!(code, 201, "{obj}");
+    assert_eq!(obj["kind"], "ConfigMap");
+    assert_eq!(obj["data"]["ca-bundle.crt"], "PEM-1");
+    let meta = &obj["metadata"];
+    assert_eq!(
+        meta["annotations"]["kubelet-ca-agent/sha256"],
+        "sha-of-PEM-1"
+    );
+    assert_eq!(
+        meta["resourceVersion"],
+        server.resource_version().to_string()
+    );
+    assert!(
+        meta["uid"].as_str().is_some_and(|u| u.len() == 36),
+        "{meta}"
+    );
+    assert!(
+        meta["creationTimestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
+
+    let mut entry = meta["managedFields"][0].clone();
+    let time = entry.as_object_mut().unwrap().remove("time");
+    assert!(time.is_some_and(|t| t.as_str().is_some_and(|t| t.ends_with('Z'))));
+    assert_eq!(
+        entry,
+        json!({
+            "manager": PUBLISHER,
+            "operation": "Apply",
+            "apiVersion": "v1",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {
+                "f:data": {"f:ca-bundle.crt": {}},
+                "f:metadata": {"f:annotations": {"f:kubelet-ca-agent/sha256": {}}},
+            },
+        })
+    );
+    assert_eq!(meta["managedFields"].as_array().map(Vec::len), Some(1));
+    assert_eq!(server.configmap(NS, "bundle"), Some(obj.clone()));
+
+    // The object exists now: the next apply updates it, with 200.
+    let (code, updated) = patch_raw(
+        &server,
+        "bundle",
+        &publish(),
+        &apply(bundle_config("bundle", "PEM-2")),
+    )
+    .await;
+    assert_eq!(code, 200, "{updated}");
+    assert_eq!(updated["metadata"]["uid"], obj["metadata"]["uid"]);
+    let cm = configmaps(&server).await.get("bundle").await.unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-2");
+
+    // A dry run answers what would be stored and stores nothing.
+    let rv = server.resource_version();
+    let (code, dry) = patch_raw(
+        &server,
+        "other",
+        &publish().dry_run(),
+        &apply(bundle_config("other", "PEM-3")),
+    )
+    .await;
+    assert_eq!(
+        (code, &dry["data"]["ca-bundle.crt"]),
+        (201, &json!("PEM-3"))
+    );
+    assert_eq!(server.configmap(NS, "other"), None);
+    assert_eq!(server.resource_version(), rv);
+}
+
+#[tokio::test]
+async fn reapplying_an_unchanged_configuration_changes_nothing() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let config = || apply(bundle_config("bundle", "PEM-1"));
+    let first = api.patch("bundle", &publish(), &config()).await.unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let wp = WatchParams::default()
+        .fields("metadata.name=bundle")
+        .disable_bookmarks()
+        .timeout(30);
+    let mut w = api.watch(&wp, &rv).await.unwrap().boxed();
+
+    // managedFields times have a resolution of a second: wait for a bumped time to show.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = api.patch("bundle", &publish(), &config()).await.unwrap();
+    assert_eq!(again.metadata.resource_version, Some(rv.clone()));
+    assert_eq!(server.resource_version().to_string(), rv);
+    assert_eq!(
+        again.metadata.managed_fields, first.metadata.managed_fields,
+        "the applier's time does not move when nothing changed"
+    );
+
+    let changed = api
+        .patch(
+            "bundle",
+            &publish(),
+            &apply(bundle_config("bundle", "PEM-2")),
+        )
+        .await
+        .unwrap();
+    let new_rv = changed.metadata.resource_version.clone().unwrap();
+    assert_ne!(new_rv, rv);
+    let time = |cm: &ConfigMap| cm.metadata.managed_fields.as_ref().unwrap()[0].time.clone();
+    assert_ne!(time(&changed), time(&first), "a change moves the time");
+    match next(&mut w).await.unwrap() {
+        WatchEvent::Modified(cm) => {
+            assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-2");
+            assert_eq!(cm.metadata.resource_version, Some(new_rv));
+        }
+        other => panic!("expected the change as the first event, got {other:?}"),
+    }
+    let quiet = tokio::time::timeout(Duration::from_millis(500), w.next()).await;
+    assert!(quiet.is_err(), "one event for one change: {quiet:?}");
+}
+
+#[tokio::test]
+async fn a_key_the_applier_drops_goes_unless_another_manager_owns_it() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let config = |data: Value| {
+        apply(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bundle"}, "data": data}),
+        )
+    };
+    let other = PatchParams::apply("other-applier");
+    api.patch("bundle", &publish(), &config(json!({"a": "1", "b": "2"})))
+        .await
+        .unwrap();
+    let cm = api
+        .patch("bundle", &publish(), &config(json!({"a": "1"})))
+        .await
+        .unwrap();
+    assert_eq!(cm.data, Some([("a".into(), "1".into())].into()));
+
+    // Another applier applying the same value shares the field: no conflict, two owners.
+    let cm = api
+        .patch("bundle", &other, &config(json!({"a": "1"})))
+        .await
+        .unwrap();
+    let mut owners = managers(&cm);
+    owners.sort();
+    assert_eq!(
+        owners,
+        [
+            owner("kubelet-ca-agent-publisher", "Apply"),
+            owner("other-applier", "Apply")
+        ]
+    );
+
+    // The publisher stops applying it: the value stays, the other applier keeps it.
+    let cm = api
+        .patch("bundle", &publish(), &config(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(data(&cm, "a"), "1");
+    assert_eq!(managers(&cm), [owner("other-applier", "Apply")]);
+
+    // Nobody applies it any more: it goes, and so does the last manager.
+    let cm = api
+        .patch("bundle", &other, &config(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(cm.data, None);
+    assert_eq!(cm.metadata.managed_fields, None);
+}
+
+#[tokio::test]
+async fn a_field_another_manager_changed_is_a_conflict_until_forced() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    api.patch(
+        "bundle",
+        &publish(),
+        &apply(bundle_config("bundle", "PEM-1")),
+    )
+    .await
+    .unwrap();
+    // Someone edits the bundle by hand: their Update takes the field from the publisher.
+    let edited = server.edit_configmap_as(
+        "kubectl-edit",
+        NS,
+        "bundle",
+        &[("ca-bundle.crt", "EDITED")],
+        &[],
+    );
+    let cm = api.get("bundle").await.unwrap();
+    assert_eq!(
+        managers(&cm),
+        [owner(PUBLISHER, "Apply"), owner("kubectl-edit", "Update")]
+    );
+
+    let without_force = PatchParams::apply(PUBLISHER);
+    let status = status_of(
+        api.patch(
+            "bundle",
+            &without_force,
+            &apply(bundle_config("bundle", "PEM-1")),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((status.code, status.reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        status.message,
+        "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using v1: .data.ca-bundle.crt"
+    );
+    assert_eq!(
+        server.resource_version(),
+        edited,
+        "a refused apply writes nothing"
+    );
+    let (code, raw) = patch_raw(
+        &server,
+        "bundle",
+        &without_force,
+        &apply(bundle_config("bundle", "PEM-1")),
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert_eq!(
+        raw["details"],
+        json!({"causes": [{
+            "reason": "FieldManagerConflict",
+            "message": "conflict with \"kubectl-edit\" using v1",
+            "field": ".data.ca-bundle.crt",
+        }]})
+    );
+
+    // Applying the value the editor set is no conflict: the publisher shares the field.
+    let shared = api
+        .patch(
+            "bundle",
+            &without_force,
+            &apply(bundle_config("bundle", "EDITED")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data(&shared, "ca-bundle.crt"), "EDITED");
+
+    // Forced, the apply takes the field over; the editor, owning nothing more, is gone.
+    let cm = api
+        .patch(
+            "bundle",
+            &publish(),
+            &apply(bundle_config("bundle", "PEM-2")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-2");
+    assert_eq!(managers(&cm), [owner(PUBLISHER, "Apply")]);
+}
+
+#[tokio::test]
+async fn several_conflicts_are_listed_by_manager() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    api.patch(
+        "bundle",
+        &publish(),
+        &apply(bundle_config("bundle", "PEM-1")),
+    )
+    .await
+    .unwrap();
+    let annotation = [("kubelet-ca-agent/sha256", "hand-made")];
+    let bundle = [("ca-bundle.crt", "EDITED")];
+    server.edit_configmap_as("kubectl-edit", NS, "bundle", &bundle, &annotation);
+    let without_force = PatchParams::apply(PUBLISHER);
+    let config = || apply(bundle_config("bundle", "PEM-1"));
+    let status = status_of(
+        api.patch("bundle", &without_force, &config())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        status.message,
+        "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" using v1:\n- .data.ca-bundle.crt\n- .metadata.annotations.kubelet-ca-agent/sha256"
+    );
+
+    server.edit_configmap_as(
+        "ops",
+        NS,
+        "bundle",
+        &[],
+        &[("kubelet-ca-agent/sha256", "ops")],
+    );
+    let (code, raw) = patch_raw(&server, "bundle", &without_force, &config()).await;
+    assert_eq!(code, 409);
+    assert_eq!(
+        raw["message"],
+        "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" using v1:\n- .data.ca-bundle.crt\nconflicts with \"ops\" using v1:\n- .metadata.annotations.kubelet-ca-agent/sha256"
+    );
+    let fields: Vec<&Value> = raw["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["field"])
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ".data.ca-bundle.crt",
+            ".metadata.annotations.kubelet-ca-agent/sha256"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn malformed_applies_are_refused_as_upstream_refuses_them() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let refused = |err: kube::Error| {
+        let status = status_of(err);
+        (status.code, status.reason, status.message)
+    };
+
+    // No fieldManager: the PatchOptions are invalid.
+    let (code, raw) = patch_raw(
+        &server,
+        "bundle",
+        &PatchParams::default(),
+        &apply(bundle_config("bundle", "PEM")),
+    )
+    .await;
+    assert_eq!(code, 422);
+    let message = "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch";
+    assert_eq!(raw["message"], message);
+    assert_eq!(
+        raw["details"],
+        json!({"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [{
+            "reason": "FieldValueRequired",
+            "message": "Required value: is required for apply patch",
+            "field": "fieldManager",
+        }]})
+    );
+
+    let bad_request = |message: &str| (400, "BadRequest".to_owned(), message.to_owned());
+    let err = api
+        .patch(
+            "bundle",
+            &publish(),
+            &apply(bundle_config("renamed", "PEM")),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused(err),
+        bad_request("the name of the object (renamed) does not match the name on the URL (bundle)")
+    );
+    let mut elsewhere = bundle_config("bundle", "PEM");
+    elsewhere["metadata"]["namespace"] = json!("default");
+    let err = api
+        .patch("bundle", &publish(), &apply(elsewhere))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused(err),
+        bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    );
+    let mut secret = bundle_config("bundle", "PEM");
+    secret["kind"] = json!("Secret");
+    let err = api
+        .patch("bundle", &publish(), &apply(secret))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused(err),
+        bad_request("invalid object type: /v1, Kind=Secret")
+    );
+    let err = api
+        .patch("bundle", &publish(), &apply(json!(["not", "an", "object"])))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused(err),
+        bad_request(
+            "error decoding YAML: error unmarshaling JSON: while decoding JSON: json: cannot unmarshal array into Go value of type map[string]interface {}"
+        )
+    );
+
+    // A patch type the server does not know.
+    let mut req = Request::new(CM_PATH)
+        .patch("bundle", &publish(), &apply(bundle_config("bundle", "PEM")))
+        .unwrap();
+    req.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    let (code, raw) = send_raw(&server, req).await;
+    assert_eq!(
+        (code, &raw["reason"]),
+        (415, &json!("UnsupportedMediaType"))
+    );
+    assert_eq!(
+        raw["message"],
+        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml"
+    );
+    assert_eq!(server.configmap(NS, "bundle"), None, "nothing was created");
+}
+
+#[tokio::test]
+async fn a_resource_version_in_the_apply_is_a_precondition() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let old = api
+        .patch(
+            "bundle",
+            &publish(),
+            &apply(bundle_config("bundle", "PEM-1")),
+        )
+        .await
+        .unwrap();
+    let current = api
+        .patch(
+            "bundle",
+            &publish(),
+            &apply(bundle_config("bundle", "PEM-2")),
+        )
+        .await
+        .unwrap();
+    let at = |cm: &ConfigMap, bundle: &str| {
+        let mut config = bundle_config("bundle", bundle);
+        config["metadata"]["resourceVersion"] = json!(cm.metadata.resource_version);
+        apply(config)
+    };
+    let status = status_of(
+        api.patch("bundle", &publish(), &at(&old, "PEM-3"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((status.code, status.reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        status.message,
+        "Operation cannot be fulfilled on configmaps \"bundle\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+    let cm = api
+        .patch("bundle", &publish(), &at(&current, "PEM-3"))
+        .await
+        .unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-3");
+}
+
+#[tokio::test]
+async fn an_apply_that_creates_needs_create_as_well_as_patch() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let rule = |verbs: &[&str]| Rule::new(verbs, "", "configmaps", Some(NS), &["bundle"]);
+    let config = || apply(bundle_config("bundle", "PEM-1"));
+
+    server.restrict_to(vec![rule(&["patch"])]);
+    let status = status_of(
+        api.patch("bundle", &publish(), &config())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
+    // patch.go's create check: RBAC gives no reason, so nothing follows the colon.
+    assert_eq!(status.message, "configmaps \"bundle\" is forbidden: ");
+    assert_eq!(server.configmap(NS, "bundle"), None);
+
+    server.restrict_to(vec![rule(&["create", "patch"])]);
+    let cm = api.patch("bundle", &publish(), &config()).await.unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-1");
+
+    // Once it exists, patch alone is enough; create alone is not.
+    server.restrict_to(vec![rule(&["patch"])]);
+    let cm = api
+        .patch(
+            "bundle",
+            &publish(),
+            &apply(bundle_config("bundle", "PEM-2")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-2");
+    server.restrict_to(vec![rule(&["create"])]);
+    let status = status_of(
+        api.patch("bundle", &publish(), &config())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        status.message,
+        "configmaps \"bundle\" is forbidden: User \"system:node:fixture-node\" cannot patch resource \"configmaps\" in API group \"\" in the namespace \"openshift-config\""
+    );
+}
+
+#[tokio::test]
+async fn configmaps_over_a_mebibyte_or_with_bad_keys_are_invalid() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let config = |name: &str, key: &str, value: String| {
+        apply(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {key: value}}),
+        )
+    };
+    let mebibyte = 1024 * 1024;
+
+    let status = status_of(
+        api.patch(
+            "big",
+            &publish(),
+            &config("big", "ca-bundle.crt", "x".repeat(mebibyte + 1)),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        status.message,
+        "ConfigMap \"big\" is invalid: []: Too long: may not be more than 1048576 bytes"
+    );
+    assert_eq!(server.configmap(NS, "big"), None);
+    let cm = api
+        .patch(
+            "big",
+            &publish(),
+            &config("big", "ca-bundle.crt", "x".repeat(mebibyte)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt").len(), mebibyte);
+
+    let status = status_of(
+        api.patch("keys", &publish(), &config("keys", "ca bundle", "x".into()))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        status.message,
+        "ConfigMap \"keys\" is invalid: data[ca bundle]: Invalid value: \"ca bundle\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+    );
+}
+
+#[tokio::test]
+async fn a_merge_patch_is_an_update_by_its_field_manager() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    api.patch(
+        "bundle",
+        &publish(),
+        &apply(bundle_config("bundle", "PEM-1")),
+    )
+    .await
+    .unwrap();
+    let editor = PatchParams {
+        field_manager: Some("kubectl-edit".into()),
+        ..PatchParams::default()
+    };
+    let edit = Patch::Merge(json!({"data": {"ca-bundle.crt": "EDITED"}}));
+    let cm = api.patch("bundle", &editor, &edit).await.unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "EDITED");
+    assert_eq!(
+        managers(&cm),
+        [owner(PUBLISHER, "Apply"), owner("kubectl-edit", "Update")]
+    );
+    let fields = &cm.metadata.managed_fields.as_ref().unwrap()[1].fields_v1;
+    assert_eq!(
+        fields.as_ref().map(|f| &f.0),
+        Some(&json!({"f:data": {"f:ca-bundle.crt": {}}}))
+    );
+    // The same patch again changes nothing.
+    let again = api.patch("bundle", &editor, &edit).await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        cm.metadata.resource_version
+    );
+    // Only an apply creates: a merge patch of a missing object is a 404.
+    let status = status_of(api.patch("missing", &editor, &edit).await.unwrap_err());
+    assert_eq!(
+        (status.code, status.message.as_str()),
+        (404, "configmaps \"missing\" not found")
+    );
+}
+
+#[tokio::test]
+async fn writes_can_be_failed_or_held_apart_from_reads() {
+    let server = ApiServer::start();
+    let api = configmaps(&server).await;
+    let config = |bundle: &str| apply(bundle_config("bundle", bundle));
+    api.patch("bundle", &publish(), &config("PEM-1"))
+        .await
+        .unwrap();
+    let rv = server.resource_version();
+
+    server.fail_next_on(Target::Write, 1, Fault::Status(500));
+    assert!(api.get("bundle").await.is_ok(), "a read passes");
+    let status = status_of(
+        api.patch("bundle", &publish(), &config("PEM-2"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(status.code, 500);
+    assert_eq!(
+        server.resource_version(),
+        rv,
+        "the failed write was not carried out"
+    );
+
+    server.hang(HangMode::Writes);
+    let held = tokio::spawn({
+        let api = api.clone();
+        async move { api.patch("bundle", &publish(), &config("PEM-2")).await }
+    });
+    until("the held apply to arrive", || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .count()
+            == 3
+    })
+    .await;
+    assert_eq!(
+        data(&api.get("bundle").await.unwrap(), "ca-bundle.crt"),
+        "PEM-1"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "a hung server answers no write");
+    server.unhang();
+    let cm = held.await.unwrap().unwrap();
+    assert_eq!(data(&cm, "ca-bundle.crt"), "PEM-2");
+    let sent = server
+        .requests()
+        .into_iter()
+        .rfind(|r| r.method == "PATCH")
+        .unwrap();
+    assert_eq!(sent.param("fieldManager").as_deref(), Some(PUBLISHER));
+    assert_eq!(sent.body_json().unwrap()["data"]["ca-bundle.crt"], "PEM-2");
 }

@@ -1,8 +1,9 @@
 //! A local kube-apiserver for the integration tests and benchmarks.
 //!
 //! HTTPS on 127.0.0.1 serving ConfigMaps and OpenShift ControllerConfigs with the wire behaviour
-//! of kube-apiserver 1.33 for the calls kube-rs's `watcher` makes (list, watch, get), plus knobs to
-//! break it: stop/restart, compaction, closing watches, injected errors.
+//! of kube-apiserver 1.33 for the calls kube-rs's `watcher` makes (list, watch, get) and for
+//! writing a ConfigMap with server-side apply (PATCH), plus knobs to break it: stop/restart,
+//! compaction, closing watches, injected errors, held or failed writes.
 //!
 //! The API is synchronous: the server runs its own single-threaded tokio runtime on a background
 //! thread, so plain `#[test]`s, `#[tokio::test]`s and benchmark binaries can all drive it.
@@ -28,10 +29,39 @@
 //!   watch with fieldSelector `metadata.name=X` is authorized as a request for X, as upstream;
 //! - no bearer token means user system:anonymous, which gets 403 (not 401) outside /version and
 //!   the health checks; a wrong token gets 401.
+//!
+//! Writing ConfigMaps (PATCH; other writes, and PATCH of ControllerConfigs, get 405):
+//! - server-side apply (`application/apply-patch+yaml`; the JSON bodies kube-rs sends) needs
+//!   `fieldManager` (else 422 `PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required
+//!   value: is required for apply patch`); merge and strategic merge patches are served too, JSON
+//!   patches are not modelled, and an unknown Content-Type is 415 with the real list of types;
+//! - an apply to a missing object creates it (201) and is then authorized as `create` of that
+//!   name as well as `patch` (patch.go): denied, it is 403 `configmaps "x" is forbidden: `, with
+//!   nothing after the colon because RBAC gives no reason. A merge patch of a missing object is
+//!   404;
+//! - managedFields track each entry of `data`, `binaryData`, `metadata.labels` and
+//!   `metadata.annotations`. An applier owns exactly what it applied last; an entry it stops
+//!   applying is removed unless another manager owns it; an entry another manager owns and the
+//!   apply would change is a 409 (`Apply failed with 1 conflict: conflict with "kubectl-edit"
+//!   using v1: .data.ca-bundle.crt`; several are grouped by manager, one `- .path` per line, and
+//!   each is a `FieldManagerConflict` cause) unless `force=true`, which moves the ownership; the
+//!   same value applied by two managers is owned by both. An Update (a merge patch,
+//!   `put_configmap` as `kubectl-create`, `edit_configmap_as`) takes the entries it changes from
+//!   whoever owned them, and owns a map it creates (`.` in FieldsV1);
+//! - a write that changes nothing is not stored: no new resourceVersion, no event. A manager's
+//!   time moves only when the object changed (and a new applier whose apply changed no value gets
+//!   an entry with no time at all), so re-applying the same configuration is a true no-op;
+//! - the checks come in upstream's order: content type, options, body, conflicts, then the name
+//!   and namespace against the URL (400), a resourceVersion in the body as a precondition (409),
+//!   validation (422: valid config keys, at most 1 MiB of values, `[]: Too long: may not be more
+//!   than 1048576 bytes`, the wording since 1.32), and last the create authorization;
+//! - a request this server does not model (`immutable`, YAML that is not JSON, other metadata,
+//!   JSON patches) gets a 501 saying so: no real server answers that, so a test that sees it is
+//!   testing the fake, not the code.
 #![allow(dead_code)]
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{Ipv4Addr, TcpListener as StdTcpListener};
@@ -86,6 +116,8 @@ pub struct Request {
     /// The raw query string, still percent-encoded.
     pub query: String,
     pub watch: bool,
+    /// The request body as received (empty for a GET).
+    pub body: Vec<u8>,
     pub at: Instant,
 }
 
@@ -93,6 +125,11 @@ impl Request {
     /// The decoded value of query parameter `name`.
     pub fn param(&self, name: &str) -> Option<String> {
         Query::parse(&self.query).get(name).map(str::to_owned)
+    }
+
+    /// The body as JSON, if it is JSON.
+    pub fn body_json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.body).ok()
     }
 
     /// A GET of a collection that is not a watch.
@@ -110,6 +147,9 @@ pub enum HangMode {
     Lists,
     /// New watches, and every open watch stream (no event, no bookmark, no end).
     Watches,
+    /// Writes (PATCH, PUT, POST, DELETE of resources): held before they are carried out, and
+    /// carried out when released.
+    Writes,
     /// Every request, and every open watch stream.
     All,
 }
@@ -118,7 +158,10 @@ impl HangMode {
     fn covers(self, kind: Kind) -> bool {
         matches!(
             (self, kind),
-            (HangMode::All, _) | (HangMode::Lists, Kind::List) | (HangMode::Watches, Kind::Watch)
+            (HangMode::All, _)
+                | (HangMode::Lists, Kind::List)
+                | (HangMode::Watches, Kind::Watch)
+                | (HangMode::Writes, Kind::Write)
         )
     }
 }
@@ -130,6 +173,9 @@ pub enum Target {
     List,
     /// Watches only.
     Watch,
+    /// Writes only (PATCH, PUT, POST, DELETE of resources): the fault answers instead of the
+    /// write, which is not carried out.
+    Write,
     /// Any request, discovery and single GETs included.
     Any,
 }
@@ -279,8 +325,10 @@ impl ApiServer {
         &self.ca_pem
     }
 
-    /// Creates or replaces a ConfigMap and returns its resourceVersion. Like a real update, a
-    /// replace that changes nothing is a no-op: no new resourceVersion and no event.
+    /// Creates a ConfigMap, or replaces its `data` and `binaryData` (labels and annotations
+    /// stay), and returns its resourceVersion. It is written as `kubectl create configmap`
+    /// writes it: an Update by manager `kubectl-create`, which then owns what it set. Like a real
+    /// update, a replace that changes nothing is a no-op: no new resourceVersion and no event.
     pub fn put_configmap(
         &self,
         namespace: &str,
@@ -290,15 +338,53 @@ impl ApiServer {
     ) -> u64 {
         let mut st = self.shared.store();
         let key = (Res::ConfigMaps, namespace.to_owned(), name.to_owned());
-        let prev = st.current.get(&key).cloned();
-        let obj = configmap_object(namespace, name, data, binary_data, prev.as_deref());
-        if let Some(p) = &prev
-            && p.get("data") == obj.get("data")
-            && p.get("binaryData") == obj.get("binaryData")
-        {
-            return object_rv(p);
+        let mut content = st
+            .current
+            .get(&key)
+            .map_or_else(Content::default, |p| Content::of(p));
+        content.maps.remove(&Section::Data);
+        content.maps.remove(&Section::BinaryData);
+        for (k, v) in data {
+            content.set(&Field::entry(Section::Data, k), v);
         }
-        st.commit(key, Some(obj))
+        for (k, v) in binary_data {
+            content.set(&Field::entry(Section::BinaryData, k), &B64.encode(v));
+        }
+        st.update_configmap(key, "kubectl-create", content)
+    }
+
+    /// Another client's write, as `kubectl edit` makes one: an Update by `manager` that sets
+    /// these `data` entries and annotations and leaves the rest as it is. The manager then owns
+    /// what it changed, taking it from whoever owned it (an applier that applies its own value
+    /// again gets a conflict). Returns the resourceVersion; a write that changes nothing is a
+    /// no-op. Panics if there is no such ConfigMap.
+    pub fn edit_configmap_as(
+        &self,
+        manager: &str,
+        namespace: &str,
+        name: &str,
+        data: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+    ) -> u64 {
+        let mut st = self.shared.store();
+        let key = (Res::ConfigMaps, namespace.to_owned(), name.to_owned());
+        let Some(prev) = st.current.get(&key) else {
+            panic!("edit_configmap_as: no ConfigMap {namespace}/{name}");
+        };
+        let mut content = Content::of(prev);
+        for (k, v) in data {
+            content.set(&Field::entry(Section::Data, k), v);
+        }
+        for (k, v) in annotations {
+            content.set(&Field::entry(Section::Annotations, k), v);
+        }
+        st.update_configmap(key, manager, content)
+    }
+
+    /// The ConfigMap as stored (a GET would answer it), managedFields included.
+    pub fn configmap(&self, namespace: &str, name: &str) -> Option<Value> {
+        let key = (Res::ConfigMaps, namespace.to_owned(), name.to_owned());
+        self.shared.store().current.get(&key).map(|o| (**o).clone())
     }
 
     /// Deletes a ConfigMap (DELETED carries its last state with the deletion's resourceVersion).
@@ -741,6 +827,23 @@ impl Store {
         rv
     }
 
+    /// An Update by `manager` leaving the ConfigMap's maps as `content` (creating it if need
+    /// be), with managedFields moved as upstream moves them. A write that changes nothing is not
+    /// stored. Returns the resourceVersion.
+    fn update_configmap(&mut self, key: Key, manager: &str, content: Content) -> u64 {
+        let prev = self.current.get(&key).cloned();
+        let (live, managers) = match prev.as_deref() {
+            Some(p) => (Content::of(p), Manager::all_of(p)),
+            None => Default::default(),
+        };
+        let written = update_fields(&live, &managers, &content, manager, &now_rfc3339());
+        let obj = configmap_object(&key.1, &key.2, &written, prev.as_deref());
+        match prev {
+            Some(p) if *p == obj => object_rv(&p),
+            _ => self.commit(key, Some(obj)),
+        }
+    }
+
     /// The objects as of resourceVersion `rv` (at least `compacted`).
     fn snapshot(&self, rv: u64) -> BTreeMap<Key, Arc<Value>> {
         if rv >= self.rv {
@@ -770,6 +873,7 @@ impl Store {
             Target::Any => true,
             Target::List => kind == Kind::List,
             Target::Watch => kind == Kind::Watch,
+            Target::Write => kind == Kind::Write,
         };
         if !hit {
             return None;
@@ -817,57 +921,36 @@ fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
 // Objects
 // ---------------------------------------------------------------------------------------------
 
-fn configmap_object(
-    namespace: &str,
-    name: &str,
-    data: &[(&str, &str)],
-    binary_data: &[(&str, &[u8])],
-    prev: Option<&Value>,
-) -> Value {
-    let (uid, created) = identity(prev);
-    let data: serde_json::Map<String, Value> = data
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), json!(v)))
-        .collect();
-    let binary: serde_json::Map<String, Value> = binary_data
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), json!(B64.encode(v))))
-        .collect();
-    // managedFields as `kubectl create configmap` leaves them.
-    let mut fields = serde_json::Map::new();
-    for (section, map) in [("f:binaryData", &binary), ("f:data", &data)] {
-        if !map.is_empty() {
-            let mut f: serde_json::Map<String, Value> =
-                map.keys().map(|k| (format!("f:{k}"), json!({}))).collect();
-            f.insert(".".into(), json!({}));
-            fields.insert(section.into(), Value::Object(f));
-        }
-    }
-    let mut obj = json!({
-        "kind": "ConfigMap",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid,
-            "resourceVersion": "",
-            "creationTimestamp": created,
-            "managedFields": [{
-                "manager": "kubectl-create",
-                "operation": "Update",
+/// A ConfigMap holding `written`: `prev` with its maps and managedFields replaced, or a new
+/// object (fresh uid and creationTimestamp, resourceVersion set by the commit).
+fn configmap_object(namespace: &str, name: &str, written: &Written, prev: Option<&Value>) -> Value {
+    let mut obj = match prev {
+        Some(p) => p.clone(),
+        None => {
+            let (uid, created) = identity(None);
+            json!({
+                "kind": "ConfigMap",
                 "apiVersion": "v1",
-                "time": now_rfc3339(),
-                "fieldsType": "FieldsV1",
-                "fieldsV1": fields,
-            }],
-        },
-    });
-    // Empty maps are omitted (omitempty).
-    if !data.is_empty() {
-        obj["data"] = Value::Object(data);
-    }
-    if !binary.is_empty() {
-        obj["binaryData"] = Value::Object(binary);
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": uid,
+                    "resourceVersion": "",
+                    "creationTimestamp": created,
+                },
+            })
+        }
+    };
+    written.content.write(&mut obj);
+    match written.managers.as_slice() {
+        [] => {
+            if let Some(meta) = obj["metadata"].as_object_mut() {
+                meta.remove("managedFields");
+            }
+        }
+        managers => {
+            obj["metadata"]["managedFields"] = managers.iter().map(Manager::to_json).collect();
+        }
     }
     obj
 }
@@ -1040,6 +1123,1148 @@ fn identity(prev: Option<&Value>) -> (String, String) {
         ),
         None => (new_uid(), now_rfc3339()),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Field management: managedFields and server-side apply, for ConfigMaps
+// ---------------------------------------------------------------------------------------------
+//
+// structured-merge-diff's rules (merge.Updater, with managedfields' managers around it) at the
+// granularity of a ConfigMap: each entry of `data`, `binaryData`, `metadata.labels` and
+// `metadata.annotations` is a field a manager may own, and so is each of those maps itself
+// (`.` in FieldsV1) for the Update manager whose write made it appear. Pure functions: the
+// request handler and the `ApiServer` helpers read the store, call in, and commit.
+
+/// A map of a ConfigMap whose entries are owned one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Section {
+    BinaryData,
+    Data,
+    Annotations,
+    Labels,
+}
+
+impl Section {
+    const ALL: [Section; 4] = [
+        Section::BinaryData,
+        Section::Data,
+        Section::Annotations,
+        Section::Labels,
+    ];
+
+    /// Where the map sits in the object.
+    fn path(self) -> &'static [&'static str] {
+        match self {
+            Section::BinaryData => &["binaryData"],
+            Section::Data => &["data"],
+            Section::Annotations => &["metadata", "annotations"],
+            Section::Labels => &["metadata", "labels"],
+        }
+    }
+
+    fn in_object(self, obj: &Value) -> Option<&Value> {
+        self.path().iter().try_fold(obj, |node, seg| node.get(*seg))
+    }
+}
+
+/// A field managers own: one entry of a section, or (no key) the section's map itself.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Field {
+    section: Section,
+    key: Option<String>,
+}
+
+impl Field {
+    fn entry(section: Section, key: &str) -> Field {
+        Field {
+            section,
+            key: Some(key.to_owned()),
+        }
+    }
+
+    fn map(section: Section) -> Field {
+        Field { section, key: None }
+    }
+
+    fn segments(&self) -> Vec<&str> {
+        let mut segs = self.section.path().to_vec();
+        segs.extend(self.key.as_deref());
+        segs
+    }
+}
+
+/// fieldpath.Path.String, as conflicts print a field: `.data.ca-bundle.crt`.
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.segments()
+            .iter()
+            .try_for_each(|seg| write!(f, ".{seg}"))
+    }
+}
+
+/// The order fieldpath.Set.Iterate visits fields in: at each level the paths that end there,
+/// then those that go deeper, each group by name.
+fn set_order(a: &Field, b: &Field) -> std::cmp::Ordering {
+    let (a, b) = (a.segments(), b.segments());
+    let mut i = 0;
+    loop {
+        let (a_ends, b_ends) = (a.len() == i + 1, b.len() == i + 1);
+        let order = b_ends.cmp(&a_ends).then_with(|| a[i].cmp(b[i]));
+        if order.is_ne() || a_ends {
+            return order;
+        }
+        i += 1;
+    }
+}
+
+/// What field management sees of a ConfigMap: its four maps, each present (maybe empty) or
+/// absent. `binaryData` values are their base64 text.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Content {
+    maps: BTreeMap<Section, BTreeMap<String, String>>,
+}
+
+impl Content {
+    /// The maps of a stored object.
+    fn of(obj: &Value) -> Content {
+        let mut maps = BTreeMap::new();
+        for section in Section::ALL {
+            if let Some(map) = section.in_object(obj).and_then(Value::as_object) {
+                let entries = map
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect();
+                maps.insert(section, entries);
+            }
+        }
+        Content { maps }
+    }
+
+    /// The maps of an object a client wrote, checked the way the conversion to a typed object
+    /// checks them: each a map of strings (`null` meaning absent), binaryData base64.
+    fn typed(obj: &Value) -> Result<Content, Status> {
+        let mut maps = BTreeMap::new();
+        for section in Section::ALL {
+            let map = match section.in_object(obj) {
+                None | Some(Value::Null) => continue,
+                Some(Value::Object(map)) => map,
+                Some(_) => {
+                    let field = Field::map(section);
+                    return Err(Status::unmodelled(format!("{field} that is not a map")));
+                }
+            };
+            let mut entries = BTreeMap::new();
+            for (key, value) in map {
+                let Some(text) = value.as_str() else {
+                    let field = Field::entry(section, key);
+                    return Err(Status::unmodelled(format!("{field} that is not a string")));
+                };
+                let text = if section == Section::BinaryData {
+                    let bytes = B64.decode(text).map_err(|_| {
+                        let field = Field::entry(section, key);
+                        Status::unmodelled(format!("{field} that is not base64"))
+                    })?;
+                    B64.encode(bytes)
+                } else {
+                    text.to_owned()
+                };
+                entries.insert(key.clone(), text);
+            }
+            maps.insert(section, entries);
+        }
+        Ok(Content { maps })
+    }
+
+    fn value(&self, field: &Field) -> Option<&str> {
+        let key = field.key.as_ref()?;
+        self.maps.get(&field.section)?.get(key).map(String::as_str)
+    }
+
+    /// Every entry of every map, as the fields an applier of this content owns.
+    fn entries(&self) -> BTreeSet<Field> {
+        self.maps
+            .iter()
+            .flat_map(|(section, map)| map.keys().map(|k| Field::entry(*section, k)))
+            .collect()
+    }
+
+    fn set(&mut self, field: &Field, value: &str) {
+        if let Some(key) = &field.key {
+            let map = self.maps.entry(field.section).or_default();
+            map.insert(key.clone(), value.to_owned());
+        }
+    }
+
+    fn remove(&mut self, field: &Field) {
+        match &field.key {
+            Some(key) => {
+                if let Some(map) = self.maps.get_mut(&field.section) {
+                    map.remove(key);
+                }
+            }
+            None => {
+                self.maps.remove(&field.section);
+            }
+        }
+    }
+
+    /// As storage keeps it: an empty map is not kept (omitempty).
+    fn stored(mut self) -> Content {
+        self.maps.retain(|_, map| !map.is_empty());
+        self
+    }
+
+    /// Puts the maps into `obj`, leaving out the empty ones.
+    fn write(&self, obj: &mut Value) {
+        for section in Section::ALL {
+            let (name, parents) = section.path().split_last().expect("a section has a path");
+            let parent = parents.iter().fold(&mut *obj, |node, seg| &mut node[*seg]);
+            match self.maps.get(&section).filter(|map| !map.is_empty()) {
+                Some(map) => parent[*name] = json!(map),
+                None => {
+                    if let Some(parent) = parent.as_object_mut() {
+                        parent.remove(*name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// typed.Comparison of two states of an object: the fields whose value changed, appeared,
+/// vanished. A map is a field of its own that appears or vanishes with it.
+#[derive(Debug, Default)]
+struct Comparison {
+    modified: BTreeSet<Field>,
+    added: BTreeSet<Field>,
+    removed: BTreeSet<Field>,
+}
+
+impl Comparison {
+    fn of(old: &Content, new: &Content) -> Comparison {
+        let mut c = Comparison::default();
+        let none = BTreeMap::new();
+        for section in Section::ALL {
+            let (before, after) = (old.maps.get(&section), new.maps.get(&section));
+            match (before, after) {
+                (None, Some(_)) => c.added.insert(Field::map(section)),
+                (Some(_), None) => c.removed.insert(Field::map(section)),
+                _ => false,
+            };
+            let (before, after) = (before.unwrap_or(&none), after.unwrap_or(&none));
+            for (key, value) in after {
+                match before.get(key) {
+                    None => c.added.insert(Field::entry(section, key)),
+                    Some(old) if old != value => c.modified.insert(Field::entry(section, key)),
+                    Some(_) => false,
+                };
+            }
+            for key in before.keys().filter(|k| !after.contains_key(*k)) {
+                c.removed.insert(Field::entry(section, key));
+            }
+        }
+        c
+    }
+
+    /// What a write takes from the other managers: the fields it set to a new value.
+    fn taken(&self) -> BTreeSet<Field> {
+        self.modified.union(&self.added).cloned().collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Operation {
+    Apply,
+    Update,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operation::Apply => "Apply",
+            Operation::Update => "Update",
+        }
+    }
+}
+
+/// One entry of managedFields.
+#[derive(Debug, Clone, PartialEq)]
+struct Manager {
+    name: String,
+    operation: Operation,
+    api_version: String,
+    /// None for an applier whose first apply changed no value: managedFieldsUpdater stamps a
+    /// time only when the object changed.
+    time: Option<String>,
+    fields: BTreeSet<Field>,
+}
+
+impl Manager {
+    /// The entries of an object's metadata.managedFields.
+    fn all_of(obj: &Value) -> Vec<Manager> {
+        let entries = obj
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array);
+        entries
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+                let fields_v1 = e.get("fieldsV1").cloned().unwrap_or_else(|| json!({}));
+                let mut fields = BTreeSet::new();
+                for section in Section::ALL {
+                    let node = section
+                        .path()
+                        .iter()
+                        .try_fold(&fields_v1, |node, seg| node.get(format!("f:{seg}")));
+                    for key in node
+                        .and_then(Value::as_object)
+                        .into_iter()
+                        .flat_map(|m| m.keys())
+                    {
+                        match key.strip_prefix("f:") {
+                            Some(k) => fields.insert(Field::entry(section, k)),
+                            None => fields.insert(Field::map(section)),
+                        };
+                    }
+                }
+                Manager {
+                    name: text("manager").to_owned(),
+                    operation: match text("operation") {
+                        "Apply" => Operation::Apply,
+                        _ => Operation::Update,
+                    },
+                    api_version: text("apiVersion").to_owned(),
+                    time: e.get("time").and_then(Value::as_str).map(str::to_owned),
+                    fields,
+                }
+            })
+            .collect()
+    }
+
+    fn applier(name: &str, fields: BTreeSet<Field>, time: Option<String>) -> Manager {
+        Manager {
+            name: name.to_owned(),
+            operation: Operation::Apply,
+            api_version: "v1".to_owned(),
+            time,
+            fields,
+        }
+    }
+
+    fn is(&self, name: &str, operation: Operation) -> bool {
+        self.name == name && self.operation == operation && self.api_version == "v1"
+    }
+
+    /// BuildManagerIdentifier: the entry's JSON without fields or time, and without the
+    /// apiVersion for an applier (one applier, whatever version it applied).
+    fn identifier(&self) -> String {
+        let mut id = String::from("{");
+        if !self.name.is_empty() {
+            id.push_str(&format!("\"manager\":{},", json!(self.name)));
+        }
+        id.push_str(&format!("\"operation\":\"{}\"", self.operation.as_str()));
+        if self.operation == Operation::Update {
+            id.push_str(&format!(",\"apiVersion\":{}", json!(self.api_version)));
+        }
+        id.push('}');
+        id
+    }
+
+    /// printManager: how a conflict names the manager.
+    fn printed(&self) -> String {
+        match self.operation {
+            Operation::Apply => format!("{:?}", self.name),
+            Operation::Update => format!("{:?} using {}", self.name, self.api_version),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let mut fields = serde_json::Map::new();
+        for field in &self.fields {
+            let mut node = &mut fields;
+            for seg in field.section.path() {
+                node = node
+                    .entry(format!("f:{seg}"))
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut()
+                    .expect("a FieldsV1 node is an object");
+            }
+            let leaf = match &field.key {
+                Some(key) => format!("f:{key}"),
+                None => ".".to_owned(),
+            };
+            node.insert(leaf, json!({}));
+        }
+        let mut entry = json!({
+            "operation": self.operation.as_str(),
+            "apiVersion": self.api_version,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields,
+        });
+        // omitempty
+        if !self.name.is_empty() {
+            entry["manager"] = json!(self.name);
+        }
+        if let Some(time) = &self.time {
+            entry["time"] = json!(time);
+        }
+        entry
+    }
+}
+
+/// sortEncodedManagedFields: appliers first, then the oldest (no time counts as the epoch),
+/// then by name.
+fn sort_managers(managers: &mut [Manager]) {
+    managers.sort_by(|a, b| {
+        let time = |m: &Manager| m.time.clone().unwrap_or_default();
+        a.operation
+            .cmp(&b.operation)
+            .then_with(|| time(a).cmp(&time(b)))
+            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.api_version.cmp(&b.api_version))
+    });
+}
+
+/// A field an apply would set to a new value while another manager owns it.
+#[derive(Debug, Clone)]
+struct Conflict {
+    /// The other manager's identifier (conflicts are grouped and sorted by it).
+    identifier: String,
+    /// How the message names it: `"kubectl-edit" using v1`.
+    manager: String,
+    field: Field,
+}
+
+/// What a write leaves: the maps as stored and the managedFields entries, sorted.
+#[derive(Debug, Clone, PartialEq)]
+struct Written {
+    content: Content,
+    managers: Vec<Manager>,
+}
+
+/// A server-side apply by `applier` of the maps in `applied` (merge.Updater.Apply under
+/// managedFieldsUpdater): the applied entries are merged in and become exactly the applier's
+/// set; an entry it applied last time and not now is removed unless another manager owns it;
+/// an entry another manager owns that the apply changes is a conflict, unless `force` (then
+/// ownership moves); the same value set by both is owned by both. The applier's time moves
+/// only when the object changed.
+fn apply_fields(
+    live: &Content,
+    managers: &[Manager],
+    applied: &Content,
+    applier: &str,
+    force: bool,
+    now: &str,
+) -> Result<Written, Vec<Conflict>> {
+    let is_applier = |m: &&Manager| m.is(applier, Operation::Apply);
+    let previous = managers.iter().find(is_applier);
+    let set = applied.entries();
+
+    let mut merged = live.clone();
+    for field in &set {
+        merged.set(field, applied.value(field).unwrap_or_default());
+    }
+    for section in applied.maps.keys() {
+        merged.maps.entry(*section).or_default();
+    }
+    // Prune what the applier gave up, unless someone (the applier's new set included) owns it.
+    let mut owned: BTreeSet<Field> = managers
+        .iter()
+        .filter(|m| !is_applier(m))
+        .flat_map(|m| m.fields.iter().cloned())
+        .collect();
+    owned.extend(set.iter().cloned());
+    for field in previous.iter().flat_map(|m| m.fields.iter()) {
+        if field.key.is_some() && !owned.contains(field) {
+            merged.remove(field);
+        }
+    }
+
+    let changes = Comparison::of(live, &merged);
+    let taken = changes.taken();
+    let mut others: Vec<Manager> = managers
+        .iter()
+        .filter(|m| !is_applier(m))
+        .cloned()
+        .collect();
+    let mut conflicts: Vec<Conflict> = others
+        .iter()
+        .flat_map(|m| {
+            m.fields.intersection(&taken).map(|field| Conflict {
+                identifier: m.identifier(),
+                manager: m.printed(),
+                field: field.clone(),
+            })
+        })
+        .collect();
+    if !force && !conflicts.is_empty() {
+        conflicts.sort_by(|a, b| {
+            a.identifier
+                .cmp(&b.identifier)
+                .then_with(|| set_order(&a.field, &b.field))
+        });
+        return Err(conflicts);
+    }
+    for m in &mut others {
+        m.fields
+            .retain(|f| !taken.contains(f) && !changes.removed.contains(f));
+    }
+    others.retain(|m| !m.fields.is_empty());
+
+    let content = merged.stored();
+    let changed = content != live.clone().stored();
+    if !set.is_empty() {
+        let time = if changed {
+            Some(now.to_owned())
+        } else {
+            previous.and_then(|m| m.time.clone())
+        };
+        others.push(Manager::applier(applier, set, time));
+    }
+    sort_managers(&mut others);
+    Ok(Written {
+        content,
+        managers: others,
+    })
+}
+
+/// An Update (a PUT, or a non-apply PATCH) by `updater` that leaves the maps as `new`
+/// (merge.Updater.Update under managedFieldsUpdater): the fields it set to a new value (maps it
+/// created included) move to it from whoever owned them, fields it removed leave every manager,
+/// and its time moves when it took a field. Nothing changed, nothing moves.
+fn update_fields(
+    live: &Content,
+    managers: &[Manager],
+    new: &Content,
+    updater: &str,
+    now: &str,
+) -> Written {
+    let changes = Comparison::of(live, new);
+    let taken = changes.taken();
+    let mut managers = managers.to_vec();
+    for m in &mut managers {
+        m.fields
+            .retain(|f| !taken.contains(f) && !changes.removed.contains(f));
+    }
+    if !taken.is_empty() {
+        match managers
+            .iter_mut()
+            .find(|m| m.is(updater, Operation::Update))
+        {
+            Some(m) => {
+                m.fields.extend(taken);
+                m.time = Some(now.to_owned());
+            }
+            None => managers.push(Manager {
+                name: updater.to_owned(),
+                operation: Operation::Update,
+                api_version: "v1".to_owned(),
+                time: Some(now.to_owned()),
+                fields: taken,
+            }),
+        }
+    }
+    managers.retain(|m| !m.fields.is_empty());
+    sort_managers(&mut managers);
+    Written {
+        content: new.clone().stored(),
+        managers,
+    }
+}
+
+/// core.MaxSecretSize, which bounds a ConfigMap's values too.
+const MAX_CONFIGMAP_BYTES: usize = 1024 * 1024;
+
+/// ValidateConfigMap (pkg/apis/core/validation): every key a valid config key and in one map
+/// only, and at most 1 MiB of values (binaryData counted decoded).
+fn validate_configmap(content: &Content) -> Vec<FieldError> {
+    let none = BTreeMap::new();
+    let data = content.maps.get(&Section::Data).unwrap_or(&none);
+    let binary = content.maps.get(&Section::BinaryData).unwrap_or(&none);
+    let invalid = |path: &str, key: &str, detail: &str| FieldError {
+        field: format!("{path}[{key}]"),
+        reason: "FieldValueInvalid",
+        body: format!("Invalid value: {key:?}: {detail}"),
+    };
+    let mut errs = Vec::new();
+    let mut total = 0;
+    for (key, value) in data {
+        errs.extend(
+            config_key_errors(key)
+                .iter()
+                .map(|e| invalid("data", key, e)),
+        );
+        if binary.contains_key(key) {
+            errs.push(invalid(
+                "data",
+                key,
+                "duplicate of key present in binaryData",
+            ));
+        }
+        total += value.len();
+    }
+    for (key, value) in binary {
+        errs.extend(
+            config_key_errors(key)
+                .iter()
+                .map(|e| invalid("binaryData", key, e)),
+        );
+        total += B64.decode(value).map_or(0, |bytes| bytes.len());
+    }
+    if total > MAX_CONFIGMAP_BYTES {
+        // field.NewPath("") prints as "[]": the error is about the whole object.
+        errs.push(FieldError {
+            field: "[]".to_owned(),
+            reason: "FieldValueTooLong",
+            body: format!("Too long: may not be more than {MAX_CONFIGMAP_BYTES} bytes"),
+        });
+    }
+    errs
+}
+
+/// validation.IsConfigMapKey.
+fn config_key_errors(key: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if key.len() > 253 {
+        errs.push("must be no more than 253 characters".to_owned());
+    }
+    let valid_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    if key.is_empty() || !key.chars().all(valid_chars) {
+        errs.push("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')".to_owned());
+    }
+    match key {
+        "." => errs.push("must not be '.'".to_owned()),
+        ".." => errs.push("must not be '..'".to_owned()),
+        k if k.starts_with("..") => errs.push("must not start with '..'".to_owned()),
+        _ => {}
+    }
+    errs
+}
+
+// ---------------------------------------------------------------------------------------------
+// Patches: server-side apply and merge patches of ConfigMaps
+// ---------------------------------------------------------------------------------------------
+
+/// What a PATCH body is, by its Content-Type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PatchType {
+    Json,
+    Merge,
+    Strategic,
+    Apply,
+}
+
+impl PatchType {
+    /// What kube-apiserver 1.33 accepts for a built-in resource, in its order (CBOR apply is
+    /// behind an alpha feature gate).
+    const ACCEPTED: [&'static str; 4] = [
+        "application/json-patch+json",
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+    ];
+
+    /// patch.go: the Content-Type up to a `;`, matched exactly.
+    fn of(content_type: &str) -> Option<PatchType> {
+        let base = match content_type.find(';') {
+            Some(i) if i > 0 => &content_type[..i],
+            _ => content_type,
+        };
+        let types = [
+            PatchType::Json,
+            PatchType::Merge,
+            PatchType::Strategic,
+            PatchType::Apply,
+        ];
+        let i = PatchType::ACCEPTED.iter().position(|t| *t == base)?;
+        Some(types[i])
+    }
+}
+
+/// The request body limit (MaxRequestBodyBytes, 3 MiB by default).
+const MAX_REQUEST_BODY: usize = 3 * 1024 * 1024;
+
+/// ValidatePatchOptions (apimachinery's meta/v1 validation), for the options read here.
+fn validate_patch_options(
+    patch_type: PatchType,
+    force_given: bool,
+    field_manager: &str,
+    dry_run: &[String],
+) -> Result<(), Status> {
+    let mut errs = Vec::new();
+    if patch_type != PatchType::Apply {
+        if force_given {
+            errs.push(forbidden_field(
+                "force",
+                "may not be specified for non-apply patch",
+            ));
+        }
+    } else if field_manager.is_empty() {
+        errs.push(FieldError {
+            field: "fieldManager".to_owned(),
+            reason: "FieldValueRequired",
+            body: "Required value: is required for apply patch".to_owned(),
+        });
+    }
+    if field_manager.len() > 128 {
+        errs.push(FieldError {
+            field: "fieldManager".to_owned(),
+            reason: "FieldValueTooLong",
+            body: "Too long: may not be more than 128 bytes".to_owned(),
+        });
+    }
+    // unicode.IsPrint, near enough: no control characters, no space but ' '.
+    let unprintable = |c: char| c.is_control() || (c.is_whitespace() && c != ' ');
+    for (i, c) in field_manager
+        .char_indices()
+        .filter(|(_, c)| unprintable(*c))
+    {
+        errs.push(FieldError {
+            field: "fieldManager".to_owned(),
+            reason: "FieldValueInvalid",
+            body: format!(
+                "Invalid value: {field_manager:?}: invalid character U+{:04X} (at position {i})",
+                c as u32
+            ),
+        });
+    }
+    if dry_run.iter().any(|v| v != "All") {
+        let values: Vec<String> = dry_run.iter().map(|v| format!("{v:?}")).collect();
+        errs.push(FieldError {
+            field: "dryRun".to_owned(),
+            reason: "FieldValueNotSupported",
+            body: format!(
+                "Unsupported value: []string{{{}}}: supported values: \"All\"",
+                values.join(", ")
+            ),
+        });
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(Status::invalid("meta.k8s.io", "PatchOptions", "", &errs))
+    }
+}
+
+/// prefixFromUserAgent: who a non-apply patch without fieldManager is recorded as.
+fn manager_from_user_agent(user_agent: &str) -> String {
+    let product = user_agent.split('/').next().unwrap_or_default();
+    let mut manager = String::new();
+    for c in product.chars().filter(|c| !c.is_control()) {
+        if manager.len() + c.len_utf8() > 128 {
+            break;
+        }
+        manager.push(c);
+    }
+    manager
+}
+
+/// An apply configuration, as applyPatcher decodes it (yaml.Unmarshal into a map). JSON is the
+/// YAML this server reads; text with no structure is a YAML string, anything else is refused as
+/// unmodelled.
+fn apply_configuration(body: &[u8]) -> Result<serde_json::Map<String, Value>, Status> {
+    let not_a_map = |what: &str| {
+        Status::bad_request(format!(
+            "error decoding YAML: error unmarshaling JSON: while decoding JSON: json: cannot unmarshal {what} into Go value of type map[string]interface {{}}"
+        ))
+    };
+    let text = String::from_utf8_lossy(body);
+    if text.trim().is_empty() {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(Value::Null) => Ok(serde_json::Map::new()),
+        Ok(Value::Array(_)) => Err(not_a_map("array")),
+        Ok(Value::String(_)) => Err(not_a_map("string")),
+        Ok(Value::Number(_)) => Err(not_a_map("number")),
+        Ok(Value::Bool(_)) => Err(not_a_map("bool")),
+        Err(_) if text.contains(':') || text.trim_start().starts_with(['-', '[', '{']) => Err(
+            Status::unmodelled("an apply body that is YAML but not JSON"),
+        ),
+        Err(_) => Err(not_a_map("string")),
+    }
+}
+
+/// schema.GroupVersionKind.String of an object's apiVersion and kind, as unstructured reads
+/// them (an apiVersion with more than one `/` reads as nothing).
+fn gvk_of(obj: &serde_json::Map<String, Value>) -> String {
+    let text = |k: &str| obj.get(k).and_then(Value::as_str).unwrap_or_default();
+    let (api_version, kind) = (text("apiVersion"), text("kind"));
+    match api_version.split('/').collect::<Vec<_>>().as_slice() {
+        [version] => format!("/{version}, Kind={kind}"),
+        [group, version] => format!("{group}/{version}, Kind={kind}"),
+        _ => "/, Kind=".to_owned(),
+    }
+}
+
+/// The checks the field manager makes of an apply configuration before it merges anything:
+/// the type (versionCheckManager), no managedFields (structuredMergeManager), then the fields
+/// the ConfigMap schema declares (the type converter: anything else is a plain error, so a
+/// 500). Metadata this server does not model is refused as unmodelled.
+fn check_apply_configuration(cfg: &serde_json::Map<String, Value>) -> Result<(), Status> {
+    let gvk = gvk_of(cfg);
+    if gvk != "/v1, Kind=ConfigMap" {
+        return Err(Status::bad_request(format!("invalid object type: {gvk}")));
+    }
+    let meta = cfg.get("metadata").filter(|m| !m.is_null());
+    if meta
+        .and_then(|m| m.get("managedFields"))
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(Status::bad_request("metadata.managedFields must be nil"));
+    }
+    let mut undeclared = Vec::new();
+    for (key, value) in cfg {
+        match key.as_str() {
+            "apiVersion" | "kind" | "data" | "binaryData" | "metadata" => {}
+            "immutable" => return Err(Status::unmodelled("ConfigMap.immutable")),
+            other => undeclared.push(format!(".{other}")),
+        }
+        if key == "metadata" && !value.is_null() && !value.is_object() {
+            return Err(Status::unmodelled("metadata that is not a map"));
+        }
+    }
+    for (key, value) in meta.and_then(Value::as_object).into_iter().flatten() {
+        match key.as_str() {
+            "name" | "namespace" | "resourceVersion" | "uid"
+                if value.is_string() || value.is_null() => {}
+            "labels" | "annotations" | "managedFields" => {}
+            "creationTimestamp" if value.is_null() => {}
+            "name"
+            | "namespace"
+            | "resourceVersion"
+            | "uid"
+            | "creationTimestamp"
+            | "generateName"
+            | "generation"
+            | "selfLink"
+            | "deletionTimestamp"
+            | "deletionGracePeriodSeconds"
+            | "ownerReferences"
+            | "finalizers" => {
+                return Err(Status::unmodelled(format!(
+                    "metadata.{key} = {value} in an apply configuration"
+                )));
+            }
+            other => undeclared.push(format!(".metadata.{other}")),
+        }
+    }
+    if undeclared.is_empty() {
+        return Ok(());
+    }
+    undeclared.sort();
+    let text = |k: &str| {
+        meta.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let errors: Vec<String> = undeclared
+        .iter()
+        .map(|path| format!("{path}: field not declared in schema"))
+        .collect();
+    let errors = match errors.as_slice() {
+        [one] => one.clone(),
+        many => format!("errors:\n  {}", many.join("\n  ")),
+    };
+    Err(Status::internal(format!(
+        "failed to create typed patch object ({}/{}; {gvk}): {errors}",
+        text("namespace"),
+        text("name")
+    )))
+}
+
+/// patch.go applyPatch, after the patch: the namespace and name of the object to store must be
+/// the request's (an unset namespace is the request's).
+fn check_name(obj: &Value, namespace: &str, name: &str) -> Result<(), Status> {
+    let obj_namespace = str_at(obj, "/metadata/namespace");
+    if !obj_namespace.is_empty() && obj_namespace != namespace {
+        return Err(Status::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let obj_name = str_at(obj, "/metadata/name");
+    if obj_name != name {
+        return Err(Status::bad_request(format!(
+            "the name of the object ({obj_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    Ok(())
+}
+
+/// The registry's optimistic lock on an update: a resourceVersion in the object written must be
+/// the current one; none means an unconditional update, which ConfigMaps allow.
+fn check_resource_version(written: &Value, live: &Value, name: &str) -> Result<(), Status> {
+    let rv = str_at(written, "/metadata/resourceVersion");
+    if rv.is_empty() {
+        return Ok(());
+    }
+    let rv: u64 = rv.parse().map_err(|_| {
+        Status::internal(format!("strconv.ParseUint: parsing {rv:?}: invalid syntax"))
+    })?;
+    if rv == object_rv(live) {
+        Ok(())
+    } else {
+        Err(Status::conflict(Res::ConfigMaps, name, OPTIMISTIC_LOCK))
+    }
+}
+
+fn check_valid(content: &Content, name: &str) -> Result<(), Status> {
+    let errs = validate_configmap(content);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(Status::invalid("", "ConfigMap", name, &errs))
+    }
+}
+
+/// A server-side apply to ConfigMap `name` (patch.go's applyPatcher and applyPatch, then the
+/// registry's Update, which creates a missing object for an apply): the object to store, or the
+/// Status the real server answers, checked in its order.
+fn apply_configmap(
+    live: Option<&Value>,
+    namespace: &str,
+    name: &str,
+    body: &[u8],
+    applier: &str,
+    force: bool,
+    now: &str,
+) -> Result<Value, Status> {
+    let cfg = apply_configuration(body)?;
+    check_apply_configuration(&cfg)?;
+    let cfg = Value::Object(cfg);
+    let applied = Content::typed(&cfg)?;
+    let (live_content, managers) = match live {
+        Some(l) => (Content::of(l), Manager::all_of(l)),
+        None => Default::default(),
+    };
+    let written = apply_fields(&live_content, &managers, &applied, applier, force, now)
+        .map_err(|conflicts| Status::apply_conflict(&conflicts))?;
+
+    // What the merge leaves in metadata: the configuration's name, namespace, uid and
+    // resourceVersion where it gives them, else the live object's.
+    let mut merged = live.cloned().unwrap_or_else(|| json!({"metadata": {}}));
+    for key in ["name", "namespace", "uid", "resourceVersion"] {
+        if let Some(v) = cfg["metadata"].get(key).filter(|v| v.is_string()) {
+            merged["metadata"][key] = v.clone();
+        }
+    }
+    let uid = str_at(&merged, "/metadata/uid");
+    match live {
+        None if !uid.is_empty() => {
+            let why = format!(
+                "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+            );
+            return Err(Status::conflict(Res::ConfigMaps, name, &why));
+        }
+        Some(l) if uid != str_at(l, "/metadata/uid") => {
+            return Err(Status::unmodelled("an apply that changes metadata.uid"));
+        }
+        _ => {}
+    }
+    check_name(&merged, namespace, name)?;
+    if let Some(live) = live {
+        check_resource_version(&merged, live, name)?;
+    }
+    check_valid(&written.content, name)?;
+    Ok(configmap_object(namespace, name, &written, live))
+}
+
+/// Whether a strategic merge patch uses a directive ($patch, $retainKeys, ...).
+fn has_directive(patch: &Value) -> bool {
+    patch.as_object().is_some_and(|map| {
+        map.iter()
+            .any(|(k, v)| k.starts_with('$') || has_directive(v))
+    })
+}
+
+/// jsonpatch.MergePatch (RFC 7386): objects merge, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let target = target.as_object_mut().expect("made an object above");
+    for (key, value) in patch {
+        if value.is_null() {
+            target.remove(key);
+        } else {
+            merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
+}
+
+/// A merge patch, or a strategic merge patch (the same thing for a ConfigMap's maps of
+/// strings), to ConfigMap `name` (jsonPatcher or smpPatcher, then the registry's Update): an
+/// Update by `updater`. Only the maps, and metadata this server can judge, may be patched.
+fn merge_configmap(
+    live: Option<&Value>,
+    namespace: &str,
+    name: &str,
+    body: &[u8],
+    patch_type: PatchType,
+    updater: &str,
+    now: &str,
+) -> Result<Value, Status> {
+    let Some(live) = live else {
+        // Only an apply creates: the other patchers' createNewObject is NotFound.
+        return Err(Status::not_found(Res::ConfigMaps, name));
+    };
+    let patch = match (serde_json::from_slice::<Value>(body), patch_type) {
+        (Ok(Value::Object(patch)), _) => Value::Object(patch),
+        (Ok(Value::Null) | Err(_), PatchType::Merge) => {
+            return Err(Status::bad_request("Invalid JSON Patch"));
+        }
+        _ => return Err(Status::unmodelled("a patch that is not a JSON object")),
+    };
+    if patch_type == PatchType::Strategic && has_directive(&patch) {
+        return Err(Status::unmodelled("strategic merge patch directives"));
+    }
+    for (key, value) in patch.as_object().into_iter().flatten() {
+        match key.as_str() {
+            "data" | "binaryData" => {}
+            "apiVersion" if value == "v1" => {}
+            "kind" if value == "ConfigMap" => {}
+            "metadata" if value.is_object() => {
+                let patchable = [
+                    "name",
+                    "namespace",
+                    "resourceVersion",
+                    "labels",
+                    "annotations",
+                ];
+                if let Some(other) = value
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|m| m.keys())
+                    .find(|k| !patchable.contains(&k.as_str()))
+                {
+                    return Err(Status::unmodelled(format!("a patch of metadata.{other}")));
+                }
+            }
+            other => return Err(Status::unmodelled(format!("a patch of {other} = {value}"))),
+        }
+    }
+    let mut merged = live.clone();
+    merge_patch(&mut merged, &patch);
+    check_name(&merged, namespace, name)?;
+    check_resource_version(&merged, live, name)?;
+    let content = Content::typed(&merged)?;
+    check_valid(&content.clone().stored(), name)?;
+    let managers = Manager::all_of(live);
+    let written = update_fields(&Content::of(live), &managers, &content, updater, now);
+    Ok(configmap_object(namespace, name, &written, Some(live)))
+}
+
+/// patch.go authorizes `create` on the object's name when an apply creates it
+/// (withAuthorization), after the object is built and validated. RBAC gives no reason for a
+/// denial, so the message ends in ": ".
+fn create_denial(st: &Store, namespace: &str, name: &str) -> Option<Status> {
+    let rules = st.rules.as_ref()?;
+    let res = Res::ConfigMaps;
+    if rules
+        .iter()
+        .any(|r| r.allows("create", res, Some(namespace), Some(name)))
+    {
+        return None;
+    }
+    Some(
+        Status::new(
+            403,
+            "Forbidden",
+            format!("{} {name:?} is forbidden: ", res.qualified()),
+        )
+        .details(resource_details(res, Some(name))),
+    )
+}
+
+/// PATCH of a ConfigMap, served as kube-apiserver 1.33 serves it (endpoints/handlers/patch.go):
+/// server-side apply (which creates a missing object: 201), merge and strategic merge patches.
+/// The write is atomic under the store lock, as GuaranteedUpdate makes it; a write that changes
+/// nothing (managedFields times aside) is not stored: no new resourceVersion, no event.
+fn serve_patch(
+    shared: &Shared,
+    namespace: String,
+    name: String,
+    headers: &hyper::HeaderMap,
+    q: &Query,
+    body: &[u8],
+) -> Result<Response<Body>, Status> {
+    let header = |h: hyper::header::HeaderName| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    };
+    let Some(patch_type) = PatchType::of(header(hyper::header::CONTENT_TYPE)) else {
+        return Err(Status::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                PatchType::ACCEPTED.join(", ")
+            ),
+        ));
+    };
+    if body.len() > MAX_REQUEST_BODY {
+        return Err(Status::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_REQUEST_BODY}"),
+        ));
+    }
+    let force = q.bool("force")?;
+    let dry_run: Vec<String> = q.all("dryRun").map(str::to_owned).collect();
+    let field_manager = q.get("fieldManager").unwrap_or_default();
+    validate_patch_options(patch_type, force.is_some(), field_manager, &dry_run)?;
+    if patch_type == PatchType::Json {
+        return Err(Status::unmodelled(
+            "JSON patches (application/json-patch+json)",
+        ));
+    }
+    let manager = match field_manager {
+        "" => manager_from_user_agent(header(hyper::header::USER_AGENT)),
+        m => m.to_owned(),
+    };
+
+    let now = now_rfc3339();
+    let mut st = shared.store();
+    let key = (Res::ConfigMaps, namespace.clone(), name.clone());
+    let live = st.current.get(&key).cloned();
+    let live = live.as_deref();
+    let obj = match patch_type {
+        PatchType::Apply => {
+            let force = force.unwrap_or(false);
+            apply_configmap(live, &namespace, &name, body, &manager, force, &now)?
+        }
+        _ => merge_configmap(live, &namespace, &name, body, patch_type, &manager, &now)?,
+    };
+    if live.is_none()
+        && let Some(status) = create_denial(&st, &namespace, &name)
+    {
+        return Err(status);
+    }
+    let code = if live.is_some() { 200 } else { 201 };
+    let stored = if !dry_run.is_empty() {
+        let mut obj = obj;
+        if live.is_none()
+            && let Some(meta) = obj["metadata"].as_object_mut()
+        {
+            meta.remove("resourceVersion");
+        }
+        obj
+    } else if live == Some(&obj) {
+        obj
+    } else {
+        st.commit(key.clone(), Some(obj));
+        (*st.current[&key]).clone()
+    };
+    drop(st);
+    Ok(json_reply(shared, code, stored.to_string()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1282,6 +2507,10 @@ struct Status {
     continue_token: Option<String>,
 }
 
+/// registry.OptimisticLockErrorMsg: a write whose resourceVersion is not the current one.
+const OPTIMISTIC_LOCK: &str =
+    "the object has been modified; please apply your changes to the latest version and try again";
+
 const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
 
 impl Status {
@@ -1402,6 +2631,12 @@ impl Status {
 
     /// 422 for bad ListOptions (apimachinery's ValidateListOptions).
     fn invalid_list_options(errs: Vec<FieldError>) -> Status {
+        Status::invalid("meta.k8s.io", "ListOptions", "", &errs)
+    }
+
+    /// errors.NewInvalid: 422 with every field error as a cause. The message joins them as an
+    /// aggregate does: one alone, several in brackets.
+    fn invalid(group: &str, kind: &str, name: &str, errs: &[FieldError]) -> Status {
         let texts: Vec<String> = errs
             .iter()
             .map(|e| format!("{}: {}", e.field, e.body))
@@ -1414,12 +2649,88 @@ impl Status {
             .iter()
             .map(|e| json!({"reason": e.reason, "message": e.body, "field": e.field}))
             .collect();
+        let qualified = match group {
+            "" => kind.to_owned(),
+            group => format!("{kind}.{group}"),
+        };
+        let mut details = json!({"kind": kind, "causes": causes});
+        if !group.is_empty() {
+            details["group"] = json!(group);
+        }
+        if !name.is_empty() {
+            details["name"] = json!(name);
+        }
         Status::new(
             422,
             "Invalid",
-            format!("ListOptions.meta.k8s.io \"\" is invalid: {joined}"),
+            format!("{qualified} {name:?} is invalid: {joined}"),
         )
-        .details(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes}))
+        .details(details)
+    }
+
+    /// errors.NewConflict: the write lost a race or failed a precondition.
+    fn conflict(res: Res, name: &str, why: &str) -> Status {
+        Status::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} {name:?}: {why}",
+                res.qualified()
+            ),
+        )
+        .details(resource_details(res, Some(name)))
+    }
+
+    /// An error that is not a metav1 Status inside the apiserver: ErrorToAPIStatus makes it a
+    /// 500 with no reason.
+    fn internal(message: impl Into<String>) -> Status {
+        Status::new(500, "", message)
+    }
+
+    /// NewConflictError (managedfields): an apply that would change fields other managers own.
+    /// The message groups the fields by manager, in the managers' order; the causes list each.
+    fn apply_conflict(conflicts: &[Conflict]) -> Status {
+        let message = match conflicts {
+            [one] => format!(
+                "Apply failed with 1 conflict: conflict with {}: {}",
+                one.manager, one.field
+            ),
+            many => {
+                let mut lines = Vec::new();
+                for (i, c) in many.iter().enumerate() {
+                    if i == 0 || many[i - 1].identifier != c.identifier {
+                        lines.push(format!("conflicts with {}:", c.manager));
+                    }
+                    lines.push(format!("- {}", c.field));
+                }
+                format!(
+                    "Apply failed with {} conflicts: {}",
+                    many.len(),
+                    lines.join("\n")
+                )
+            }
+        };
+        let causes: Vec<Value> = conflicts
+            .iter()
+            .map(|c| {
+                json!({
+                    "reason": "FieldManagerConflict",
+                    "message": format!("conflict with {}", c.manager),
+                    "field": c.field.to_string(),
+                })
+            })
+            .collect();
+        Status::new(409, "Conflict", message).details(json!({"causes": causes}))
+    }
+
+    /// A request this server does not model. No real server answers 501 here: a test that gets
+    /// it is relying on behaviour this fake cannot vouch for.
+    fn unmodelled(what: impl std::fmt::Display) -> Status {
+        Status::new(
+            501,
+            "",
+            format!("the test API server does not model this: {what}"),
+        )
     }
 
     /// What `fail_next` injects, worded as the real server words that error.
@@ -1437,14 +2748,14 @@ impl Status {
                 _ => Status::path_not_found(),
             },
             405 => Status::method_not_allowed(),
-            409 => Status::new(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled on {} {res_name:?}: the object has been modified; please apply your changes to the latest version and try again",
-                    res.map_or_else(|| "resource".to_owned(), Res::qualified)
+            409 => match res {
+                Some(res) => Status::conflict(res, res_name, OPTIMISTIC_LOCK),
+                None => Status::new(
+                    409,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on resource {res_name:?}: {OPTIMISTIC_LOCK}"),
                 ),
-            ),
+            },
             410 => Status::expired("The resourceVersion for the provided list is too old."),
             429 => Status::new(429, "TooManyRequests", "Too many requests, please try again later.")
                 .details(json!({"retryAfterSeconds": 1})),
@@ -1502,23 +2813,23 @@ fn resource_details(res: Res, name: Option<&str>) -> Value {
 }
 
 struct FieldError {
-    field: &'static str,
+    field: String,
     reason: &'static str,
     body: String,
 }
 
-fn forbidden_field(field: &'static str, detail: &str) -> FieldError {
+fn forbidden_field(field: &str, detail: &str) -> FieldError {
     FieldError {
-        field,
+        field: field.to_owned(),
         reason: "FieldValueForbidden",
         body: format!("Forbidden: {detail}"),
     }
 }
 
-fn unsupported_field(field: &'static str, value: &str, supported: &[&str]) -> FieldError {
+fn unsupported_field(field: &str, value: &str, supported: &[&str]) -> FieldError {
     let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
     FieldError {
-        field,
+        field: field.to_owned(),
         reason: "FieldValueNotSupported",
         body: format!(
             "Unsupported value: {value:?}: supported values: {}",
@@ -1744,6 +3055,14 @@ impl Query {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of a repeated parameter, in order.
+    fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     /// strconv.ParseBool, as the query parameter codec uses it.
     fn bool(&self, name: &str) -> Result<Option<bool>, Status> {
         match self.get(name) {
@@ -1805,9 +3124,10 @@ async fn handle(
     flushed: Arc<AtomicBool>,
     req: hyper::Request<Incoming>,
 ) -> Response<Body> {
-    let method = req.method().as_str().to_owned();
-    let path = req.uri().path().to_owned();
-    let raw_query = req.uri().query().unwrap_or("").to_owned();
+    let (parts, body) = req.into_parts();
+    let method = parts.method.as_str().to_owned();
+    let path = parts.uri.path().to_owned();
+    let raw_query = parts.uri.query().unwrap_or("").to_owned();
     let q = Query::parse(&raw_query);
     let watch = matches!(q.bool("watch"), Ok(Some(true)));
     let route = Route::parse(&path);
@@ -1815,13 +3135,17 @@ async fn handle(
     let kind = match (&route, method.as_str()) {
         (Route::Collection { .. }, "GET") if watch => Kind::Watch,
         (Route::Collection { .. }, "GET") => Kind::List,
+        (Route::Object { .. }, "GET") => Kind::Other,
+        (Route::Collection { .. } | Route::Object { .. }, _) => Kind::Write,
         _ => Kind::Other,
     };
+    let body = body.collect().await.map(|b| b.to_bytes());
     shared.store().requests.push(Request {
         method: method.clone(),
         path: path.clone(),
         query: raw_query,
         watch,
+        body: body.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
         at: Instant::now(),
     });
     // A hung server has read the request and sends nothing until it is released.
@@ -1837,8 +3161,8 @@ async fn handle(
 
     // Authentication (bearer token), then authorization: an invalid token is 401; no token makes
     // the request anonymous, and system:anonymous may only read /version and the health checks.
-    let bearer = req
-        .headers()
+    let bearer = parts
+        .headers
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
@@ -1862,20 +3186,32 @@ async fn handle(
         return status_reply(&shared, &status);
     }
 
+    let Ok(body) = body else {
+        return status_reply(&shared, &Status::bad_request("cannot read the body"));
+    };
     if let Route::Review(review) = route {
         if method != "POST" {
             return status_reply(&shared, &Status::method_not_allowed());
         }
-        let body = match req.into_body().collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => return status_reply(&shared, &Status::bad_request("cannot read the body")),
-        };
         return serve_review(&shared, review, &body)
             .await
             .unwrap_or_else(|status| status_reply(&shared, &status));
     }
     if let Err(status) = q.bool("watch") {
         return status_reply(&shared, &status);
+    }
+    if let (
+        "PATCH",
+        Route::Object {
+            res: Res::ConfigMaps,
+            ns,
+            name,
+        },
+    ) = (method.as_str(), &route)
+    {
+        let namespace = ns.clone().unwrap_or_default();
+        return serve_patch(&shared, namespace, name.clone(), &parts.headers, &q, &body)
+            .unwrap_or_else(|status| status_reply(&shared, &status));
     }
     if method != "GET" {
         let status = match route {
@@ -1899,11 +3235,14 @@ async fn handle(
     result.unwrap_or_else(|status| status_reply(&shared, &status))
 }
 
-/// Whether a request is a list, a watch, or anything else (for hangs and injected faults).
+/// Whether a request is a list, a watch, a write, or anything else (for hangs and injected
+/// faults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     List,
     Watch,
+    /// Any other method than GET on a resource (PATCH, PUT, POST, DELETE).
+    Write,
     Other,
 }
 
@@ -1943,10 +3282,10 @@ fn injected_reply(
             .body(full(""))
             .expect("valid response"),
         Fault::CutMidJson => {
-            let half: &'static [u8] = if kind == Kind::Watch {
-                b"{\"type\":\"MODIFIED\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\",\"resou"
-            } else {
-                b"{\"kind\":\"ConfigMapList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"1"
+            let half: &'static [u8] = match kind {
+                Kind::Watch => b"{\"type\":\"MODIFIED\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\",\"resou",
+                Kind::List => b"{\"kind\":\"ConfigMapList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"1",
+                Kind::Write | Kind::Other => b"{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\",\"resou",
             };
             reply(
                 shared,
