@@ -148,13 +148,23 @@ pub fn decide(
 
 /// The apply configuration: the key, the annotations and the label; nothing else, so that
 /// the publisher owns only these fields and leaves any other key or annotation alone.
-pub fn apply_body(to: &ConfigMapRef, rendered: &[u8], sha256: &str, sources: &str) -> Value {
+///
+/// `resource_version`, the version the decision was made on, is a precondition: if the
+/// ConfigMap changed since (another replica wrote first), the API server answers 409 and
+/// the publisher looks again, rather than overwriting a state it has not seen.
+pub fn apply_body(
+    to: &ConfigMapRef,
+    rendered: &[u8],
+    sha256: &str,
+    sources: &str,
+    resource_version: Option<&str>,
+) -> Value {
     let data: BTreeMap<&str, String> = [(
         to.key.as_str(),
         String::from_utf8_lossy(rendered).into_owned(),
     )]
     .into();
-    json!({
+    let mut body = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -167,7 +177,11 @@ pub fn apply_body(to: &ConfigMapRef, rendered: &[u8], sha256: &str, sources: &st
             },
         },
         "data": data,
-    })
+    });
+    if let Some(rv) = resource_version {
+        body["metadata"]["resourceVersion"] = json!(rv);
+    }
+    body
 }
 
 #[cfg(test)]
@@ -274,7 +288,7 @@ mod tests {
             name: "cm".into(),
             key: "ca.crt".into(),
         };
-        let body = apply_body(&to, b"PEM", "abc", "controllerconfig:x");
+        let body = apply_body(&to, b"PEM", "abc", "controllerconfig:x", None);
         assert_eq!(
             body,
             json!({
@@ -286,5 +300,7 @@ mod tests {
                 "data": {"ca.crt": "PEM"}
             })
         );
+        let body = apply_body(&to, b"PEM", "abc", "controllerconfig:x", Some("42"));
+        assert_eq!(body["metadata"]["resourceVersion"], "42");
     }
 }

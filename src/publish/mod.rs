@@ -36,6 +36,8 @@ use configmap::{Observed, Seen, Step};
 /// A failed apply is tried again from 1 s, doubling, up to this.
 const APPLY_RETRY_FIRST: Duration = Duration::from_secs(1);
 const APPLY_RETRY_MAX: Duration = Duration::from_secs(60);
+/// How long the watch's events are held to be older than an apply's answer, at most.
+const AWAIT_OWN_WRITE: Duration = Duration::from_secs(5);
 /// Certificate boundaries are re-checked at least this often, in case the clock jumps.
 const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
 
@@ -125,7 +127,16 @@ async fn once(args: &PublishArgs, client: kube::Client, server: &str) -> anyhow:
         tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, "already published");
         return Ok(Exit::Success);
     }
-    let body = configmap::apply_body(to, &rendered, &sha256, &source_list(&args.sources));
+    let before = current
+        .as_ref()
+        .and_then(|c| c.metadata.resource_version.clone());
+    let body = configmap::apply_body(
+        to,
+        &rendered,
+        &sha256,
+        &source_list(&args.sources),
+        before.as_deref(),
+    );
     match tokio::time::timeout(cluster::REQUEST_DEADLINE, apply(&api, &to.name, &body)).await {
         Ok(Ok(_)) => {
             tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, "published");
@@ -169,11 +180,22 @@ struct Desired {
 }
 
 /// The end of an apply, sent back by its task.
+/// How an apply ended.
+enum Outcome {
+    /// The ConfigMap as the API server returned it.
+    Applied(Observed),
+    /// Its resourceVersion was no longer the one the apply was made against: another
+    /// writer (another replica, most likely) changed it first.
+    Moved,
+    Failed(String),
+}
+
 struct Applied {
     sha256: String,
-    /// The resourceVersion the ConfigMap had before, as the loop saw it.
+    /// The resourceVersion the ConfigMap had before, as the loop saw it: the apply's
+    /// precondition.
     before: Option<String>,
-    result: Result<Option<String>, String>,
+    outcome: Outcome,
     repair: bool,
 }
 
@@ -194,6 +216,9 @@ struct Publisher {
     published: Option<String>,
     /// An apply in flight: the SHA-256 it carries.
     applying: Option<String>,
+    /// After an apply, the resourceVersion it made, until the watch shows it: the watch's
+    /// events before it are older than what the apply returned, and are not acted on.
+    awaiting: Option<(String, Instant)>,
     /// The SHA-256 of the bundle whose apply failed last; another bundle is tried at once,
     /// this one after `retry_at`.
     failed: Option<String>,
@@ -302,6 +327,7 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
         target_down: None,
         published: None,
         applying: None,
+        awaiting: None,
         failed: None,
         applied_tx,
         retry_at: None,
@@ -357,6 +383,20 @@ impl Publisher {
     }
 
     fn on_input(&mut self, input: Input) {
+        if let Input::Target(Event::Content(_) | Event::Failed(SourceError::NotFound { .. })) =
+            &input
+            && let Some((rv, since)) = self.awaiting.take()
+        {
+            let event_rv = match &input {
+                Input::Target(Event::Content(observed)) => observed.resource_version.as_ref(),
+                _ => None,
+            };
+            if event_rv != Some(&rv) && since.elapsed() < AWAIT_OWN_WRITE {
+                // Older than the state the apply returned.
+                self.awaiting = Some((rv, since));
+                return;
+            }
+        }
         match input {
             Input::Target(Event::Content(observed)) => {
                 if self.target_down.take().is_some() {
@@ -387,22 +427,42 @@ impl Publisher {
         let file = FileLabels {
             filepath: self.label.clone(),
         };
-        match applied.result {
-            Ok(after) => {
+        match applied.outcome {
+            Outcome::Moved => {
+                // Not an error: look again once the watch shows what changed (or a second
+                // from now, should it not).
+                tracing::info!(to = %self.label, "the ConfigMap changed before the apply reached it (another replica?); looking again");
+                self.retry_at = Some(Instant::now() + APPLY_RETRY_FIRST);
+                self.failed = Some(applied.sha256);
+            }
+            Outcome::Applied(observed) => {
                 self.published = Some(applied.sha256.clone());
                 self.retry_delay = APPLY_RETRY_FIRST;
                 self.retry_at = None;
                 self.failed = None;
                 self.last_error = None;
-                // An apply that changed nothing (another replica was first) keeps the
-                // resourceVersion: not a write.
-                if after.is_none() || after != applied.before {
+                // The apply was made against `before` (a precondition), so it changed the
+                // ConfigMap unless it returned that very version; one that created it had
+                // no precondition, and counts even if another replica created it first.
+                let changed =
+                    applied.before.is_none() || observed.resource_version != applied.before;
+                if changed {
                     let counter = if applied.repair {
                         &self.metrics.repairs
                     } else {
                         &self.metrics.writes
                     };
                     counter.get_or_create(&file).inc();
+                }
+                let seen_rv = match &self.seen {
+                    Seen::Present(seen) => seen.resource_version.clone(),
+                    _ => None,
+                };
+                if let Some(rv) = &observed.resource_version
+                    && seen_rv.as_ref() != Some(rv)
+                {
+                    self.awaiting = Some((rv.clone(), Instant::now()));
+                    self.seen = Seen::Present(observed);
                 }
                 if let Some(since) = self.pending_since.take() {
                     self.metrics
@@ -411,7 +471,7 @@ impl Publisher {
                 }
                 tracing::info!(to = %self.label, sha256 = %applied.sha256, repair = applied.repair, "published");
             }
-            Err(problem) => {
+            Outcome::Failed(problem) => {
                 self.metrics
                     .sync_errors
                     .get_or_create(&FileReasonLabels {
@@ -517,16 +577,18 @@ impl Publisher {
         } else if repair {
             tracing::warn!(to = %self.label, "the ConfigMap is gone; publishing the bundle again");
         }
+        let before = match &self.seen {
+            Seen::Present(observed) => observed.resource_version.clone(),
+            _ => None,
+        };
         let body = configmap::apply_body(
             &self.to,
             &desired.rendered,
             &desired.sha256,
             &self.sources_annotation,
+            before.as_deref(),
         );
-        let before = match &self.seen {
-            Seen::Present(observed) => observed.resource_version.clone(),
-            _ => None,
-        };
+        let key = self.to.key.clone();
         let (api, name, tx) = (
             self.api.clone(),
             self.to.name.clone(),
@@ -535,13 +597,14 @@ impl Publisher {
         let sha256 = desired.sha256.clone();
         self.applying = Some(sha256.clone());
         tokio::spawn(async move {
-            let result =
+            let outcome =
                 match tokio::time::timeout(cluster::REQUEST_DEADLINE, apply(&api, &name, &body))
                     .await
                 {
-                    Ok(Ok(cm)) => Ok(cm.metadata.resource_version),
-                    Ok(Err(e)) => Err(kube_error(&e)),
-                    Err(_) => Err(format!(
+                    Ok(Ok(cm)) => Outcome::Applied(Observed::of(&cm, &key)),
+                    Ok(Err(kube::Error::Api(status))) if status.code == 409 => Outcome::Moved,
+                    Ok(Err(e)) => Outcome::Failed(kube_error(&e)),
+                    Err(_) => Outcome::Failed(format!(
                         "the API server sent no answer within {}s",
                         cluster::REQUEST_DEADLINE.as_secs()
                     )),
@@ -549,7 +612,7 @@ impl Publisher {
             let _ = tx.send(Applied {
                 sha256,
                 before,
-                result,
+                outcome,
                 repair,
             });
         });
