@@ -66,6 +66,18 @@ fn wait_published(api: &ApiServer, limit: Duration, pem: &str) -> Duration {
     wait_until(limit, || published(api).as_deref() == Some(pem))
 }
 
+/// A local API server with a ControllerConfig carrying `signer`, and a publisher that has
+/// published it.
+fn publishing(signer: &Signer) -> (ApiServer, Node, Agent) {
+    let api = ApiServer::start();
+    let node = Node::new();
+    api.put_controllerconfig(CC, &b64(&signer.pem()));
+    let agent = publisher(&node, &api, &[]);
+    wait_published(&api, 10 * SECOND, &signer.pem());
+    agent.wait_listening();
+    (api, node, agent)
+}
+
 #[test]
 fn a_controllerconfig_creates_the_configmap_and_a_bundle_change_updates_it() {
     let api = ApiServer::start();
@@ -123,12 +135,8 @@ fn a_controllerconfig_creates_the_configmap_and_a_bundle_change_updates_it() {
 
 #[test]
 fn an_unrelated_controllerconfig_change_leaves_the_configmap_alone() {
-    let api = ApiServer::start();
-    let node = Node::new();
     let a = Signer::new("signer-a", Algorithm::P256);
-    api.put_controllerconfig(CC, &b64(&a.pem()));
-    let agent = publisher(&node, &api, &[]);
-    wait_published(&api, 10 * SECOND, &a.pem());
+    let (api, _node, agent) = publishing(&a);
     let before = rv(&api);
     let patches = || {
         api.requests()
@@ -152,13 +160,8 @@ fn an_unrelated_controllerconfig_change_leaves_the_configmap_alone() {
 
 #[test]
 fn bad_base64_a_private_key_or_only_expired_signers_keep_the_last_bundle() {
-    let api = ApiServer::start();
-    let node = Node::new();
     let a = Signer::new("signer-a", Algorithm::P256);
-    api.put_controllerconfig(CC, &b64(&a.pem()));
-    let agent = publisher(&node, &api, &[]);
-    wait_published(&api, 10 * SECOND, &a.pem());
-    agent.wait_listening();
+    let (api, _node, agent) = publishing(&a);
     let before = rv(&api);
 
     let expired = Signer::valid_between(
@@ -257,13 +260,8 @@ fn two_publishers_change_the_configmap_exactly_once_per_bundle_change() {
 
 #[test]
 fn a_deleted_or_hand_edited_configmap_is_published_again() {
-    let api = ApiServer::start();
-    let node = Node::new();
     let a = Signer::new("signer-a", Algorithm::P256);
-    api.put_controllerconfig(CC, &b64(&a.pem()));
-    let agent = publisher(&node, &api, &[]);
-    wait_published(&api, 10 * SECOND, &a.pem());
-    agent.wait_listening();
+    let (api, _node, agent) = publishing(&a);
 
     api.delete_configmap(NS, NAME);
     let took = wait_published(&api, 5 * SECOND, &a.pem());

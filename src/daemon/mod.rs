@@ -94,21 +94,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     // makes the agent ready at once, whether or not the cluster answers.
     reconciler.start();
 
-    if let Some(client) = client {
-        for (index, spec) in args
-            .common
-            .sources
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_cluster())
-        {
-            tokio::spawn(cluster::watch(
-                client.clone(),
-                index,
-                spec.clone(),
-                update_tx.clone(),
-            ));
-        }
+    if let Some(client) = &client {
+        cluster::watch_sources(client, &args.common.sources, &update_tx);
     }
     drop(update_tx);
 

@@ -276,14 +276,7 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
     }
 
     let (update_tx, mut updates) = mpsc::unbounded_channel();
-    for (index, spec) in args.sources.iter().enumerate() {
-        tokio::spawn(cluster::watch(
-            client.clone(),
-            index,
-            spec.clone(),
-            update_tx.clone(),
-        ));
-    }
+    cluster::watch_sources(&client, &args.sources, &update_tx);
     drop(update_tx);
     let (input_tx, mut inputs) = mpsc::unbounded_channel();
     {

@@ -324,6 +324,14 @@ where
     })
 }
 
+/// Starts a watch of each cluster source among `sources`, each sending its changes with its
+/// position in `sources`.
+pub fn watch_sources(client: &Client, sources: &[SourceSpec], updates: &UnboundedSender<Update>) {
+    for (index, spec) in sources.iter().enumerate().filter(|(_, s)| s.is_cluster()) {
+        tokio::spawn(watch(client.clone(), index, spec.clone(), updates.clone()));
+    }
+}
+
 /// Watches one cluster source for as long as the process runs, sending every change.
 pub async fn watch(
     client: Client,
