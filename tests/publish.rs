@@ -380,3 +380,28 @@ fn once_publishes_then_finds_it_published_and_fails_clearly() {
         stderr(&out)
     );
 }
+
+#[test]
+fn the_publishers_metrics_are_guarded_like_the_node_agents() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let a = Signer::new("signer-a", Algorithm::P256);
+    api.put_controllerconfig(CC, &b64(&a.pem()));
+    // No --insecure-metrics, no client CA, no token webhook: /metrics answers nobody.
+    let agent = Agent::publish_with(node.root(), api.kubeconfig(), TO, &[], &[], |cmd| {
+        cmd.env_remove("KUBELET_CA_AGENT_INSECURE_METRICS");
+    });
+    wait_published(&api, 10 * SECOND, &a.pem());
+    agent.wait_listening();
+    wait_until(5 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    let (code, body) = agent.get("/metrics").unwrap();
+    assert_eq!(code, 401, "{body}");
+    assert_eq!(agent.get("/livez").map(|(code, _)| code), Some(200));
+    assert!(
+        agent.log().contains("answers 401 to everyone"),
+        "{}",
+        agent.log()
+    );
+}

@@ -94,6 +94,18 @@ impl Agent {
         sources: &[&str],
         extra: &[&str],
     ) -> Agent {
+        Agent::publish_with(dir, kubeconfig, to, sources, extra, |_| {})
+    }
+
+    /// Like [`Agent::publish`], with a hook to adjust the command.
+    pub fn publish_with(
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        to: &str,
+        sources: &[&str],
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Agent {
         let port = free_port();
         let log = dir.join(format!("publisher-{port}.log"));
         let mut cmd = Command::new(agent_bin());
@@ -114,6 +126,7 @@ impl Agent {
             cmd.arg("--source").arg(s);
         }
         cmd.args(extra);
+        adjust(&mut cmd);
         let child = cmd.spawn().expect("start the publisher");
         Agent { child, port, log }
     }
