@@ -106,13 +106,6 @@ fn a_writer_fighting_over_the_file_meets_backoff_not_a_busy_loop() {
     wait_until(10 * SECOND, || node.holds(&pem));
 }
 
-/// CPU time (user + system) of a process so far, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
 #[test]
 fn after_a_repair_the_daemon_goes_idle() {
     let node = Node::new();
@@ -127,9 +120,9 @@ fn after_a_repair_the_daemon_goes_idle() {
     // Let every backoff run out, then watch the CPU: a loop that spins would burn ~200
     // ticks in 2 s; an idle daemon burns none.
     std::thread::sleep(SECOND);
-    let before = cpu_ticks(agent.child.id());
+    let before = common::cpu_ticks(agent.child.id());
     std::thread::sleep(2 * SECOND);
-    let spent = cpu_ticks(agent.child.id()) - before;
+    let spent = common::cpu_ticks(agent.child.id()) - before;
     assert!(spent < 10, "{spent} ticks of CPU in 2 idle seconds");
 }
 

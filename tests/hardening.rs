@@ -149,6 +149,16 @@ fn a_change_no_event_reports_is_picked_up_within_a_minute() {
         "seen at once: the test no longer tests the safety net"
     );
     agent.wait_listening();
+    // After the re-verification the agent waits for the next one, idle: a loop that
+    // re-verified at once again would burn ~200 ticks of CPU in 2 s.
+    std::thread::sleep(SECOND);
+    let before = common::cpu_ticks(agent.child.id());
+    std::thread::sleep(2 * SECOND);
+    let spent = common::cpu_ticks(agent.child.id()) - before;
+    assert!(
+        spent < 10,
+        "{spent} ticks of CPU in 2 idle seconds after a re-verification"
+    );
 }
 
 // 4. A FIFO (or another non-regular file) never hangs the daemon.

@@ -216,3 +216,10 @@ contexts:
     user: nobody
 current-context: nowhere
 ";
+
+/// CPU time (user + system) of a process so far, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
