@@ -1130,3 +1130,74 @@ mod backoff_tests {
         assert_eq!(backoff.until, Some(now + WRITE_RETRY_FIRST));
     }
 }
+
+#[cfg(test)]
+mod loop_tests {
+    use clap::Parser;
+    use tokio::signal::unix::{SignalKind, signal};
+
+    use super::*;
+    use crate::bundle::test_certs;
+    use crate::cli::{Cli, Command};
+
+    /// A burst of file events costs one pass, and a pass one of them calls for is not lost
+    /// to a later one in the same burst that alone would wait: here inotify comes up (the
+    /// file-watch check must turn at once) while a source is being written in place (read
+    /// after a quiet second).
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_file_events_does_not_lose_the_pass_one_of_them_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let pem = test_certs::ca(Some("signer"), None, now - 60, now + 86400)
+            .pem()
+            .to_vec();
+        let source = dir.path().join("source.pem");
+        let bundle = dir.path().join("kubelet-ca.crt");
+        std::fs::write(&source, &pem).unwrap();
+        let cli = Cli::try_parse_from([
+            "kubelet-ca-agent".to_string(),
+            "run".to_string(),
+            format!("--source=file:{}", source.display()),
+            format!("--bundle={}", bundle.display()),
+            format!("--state-dir={}", dir.path().join("state").display()),
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let (status, status_rx) = watch::channel(Arc::default());
+        let mut reconciler = Reconciler::new(&args.common, Arc::default(), status);
+        reconciler.start();
+        assert_eq!(std::fs::read(&bundle).unwrap(), pem);
+        assert!(
+            status_rx.borrow().file_watch.is_some(),
+            "inotify not up yet"
+        );
+
+        let (_updates_tx, updates) = mpsc::unbounded_channel();
+        let (files_tx, files) = mpsc::unbounded_channel();
+        files_tx.send(FsEvent::Health(None)).unwrap();
+        files_tx
+            .send(FsEvent::Source {
+                index: 0,
+                settled: false,
+            })
+            .unwrap();
+        let (_liveness, pongs) = crate::server::liveness();
+        let inputs = Inputs {
+            updates,
+            files,
+            pongs,
+            sigterm: signal(SignalKind::terminate()).unwrap(),
+            sigint: signal(SignalKind::interrupt()).unwrap(),
+        };
+        // Paused time: the loop runs until it waits, then the clock jumps to the earliest
+        // timer, this one, well before the source's quiet second is up.
+        let _ = tokio::time::timeout(WRITE_QUIET / 2, reconciler.run(inputs)).await;
+        let file_watch = status_rx.borrow().file_watch.clone();
+        assert_eq!(
+            file_watch, None,
+            "the file-watch check waited for the source being written"
+        );
+    }
+}
