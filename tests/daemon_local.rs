@@ -440,8 +440,12 @@ fn systemd_hears_ready_status_and_watchdog() {
         "{all}"
     );
     let watchdogs = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
-    // Every 100 ms (half of WATCHDOG_USEC) for 2 s.
-    assert!(watchdogs >= 10, "{watchdogs} watchdog pings: {all}");
+    // Every 100 ms (half of WATCHDOG_USEC) for 2 s: about 20, not one on every turn of
+    // the loop.
+    assert!(
+        (10..=30).contains(&watchdogs),
+        "{watchdogs} watchdog pings in 2 s"
+    );
     let ready_at = messages.iter().position(|m| m.contains("READY=1")).unwrap();
     assert_eq!(
         messages.iter().filter(|m| m.contains("READY=1")).count(),
