@@ -80,6 +80,16 @@ fn a_source_directory_deleted_and_recreated_is_watched_again() {
     fs::write(dir.join("c.crt"), a.pem()).unwrap();
     wait_until(2 * SECOND, || node.holds(b.pem() + &a.pem()));
     wait_until(SECOND, || verbose(&agent).contains("[+]file-watch ok"));
+    // A directory renamed into place, its files already in it: no event will ever name
+    // them, so only the look at everything that follows a re-established watch finds them
+    // (well before the once-a-minute re-verification).
+    let staged = node.root().join("signers.new");
+    fs::create_dir(&staged).unwrap();
+    let d = Signer::new("d", Algorithm::P256);
+    fs::write(staged.join("d.crt"), d.pem()).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    fs::rename(&staged, &dir).unwrap();
+    wait_until(2 * SECOND, || node.holds(d.pem()));
 }
 
 // 2. A failed read of a local source is retried with backoff.
