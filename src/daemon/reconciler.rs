@@ -1140,6 +1140,65 @@ mod loop_tests {
     use crate::bundle::test_certs;
     use crate::cli::{Cli, Command};
 
+    /// A reconciler over one `file:` source holding `source` (None: a FIFO, which is never
+    /// opened: an unreadable source), with its bundle in `dir`.
+    fn reconciler_for(
+        dir: &std::path::Path,
+        source: Option<&[u8]>,
+    ) -> (Reconciler, watch::Receiver<Arc<Status>>) {
+        let path = dir.join("source.pem");
+        match source {
+            Some(bytes) => std::fs::write(&path, bytes).unwrap(),
+            None => {
+                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }
+        }
+        let cli = Cli::try_parse_from([
+            "kubelet-ca-agent".to_string(),
+            "run".to_string(),
+            format!("--source=file:{}", path.display()),
+            format!("--bundle={}", dir.join("kubelet-ca.crt").display()),
+            format!("--state-dir={}", dir.join("state").display()),
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let (status, status_rx) = watch::channel(Arc::default());
+        (
+            Reconciler::new(&args.common, Arc::default(), status),
+            status_rx,
+        )
+    }
+
+    /// An unreadable source is read again from 1 s, doubling to a minute, and then every
+    /// minute for as long as it stays unreadable (not back to 1 s); a source that reads but
+    /// is rejected is not read again until it changes (only a change can fix it).
+    #[test]
+    fn reads_are_retried_to_a_minute_and_stay_there_but_rejected_content_is_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut reconciler, _status) = reconciler_for(dir.path(), None);
+        let start = Instant::now();
+        let mut at = start;
+        let mut delays = Vec::new();
+        for _ in 0..12 {
+            reconciler.read_local(0, at);
+            let next = reconciler.slots[0].read_at.expect("a retry is scheduled");
+            delays.push((next - at).as_secs());
+            at = next;
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 60]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let (mut reconciler, _status) = reconciler_for(dir.path(), Some(b"not a certificate"));
+        reconciler.read_local(0, Instant::now());
+        assert!(!reconciler.slots[0].source.up);
+        assert_eq!(
+            reconciler.slots[0].read_at, None,
+            "rejected content is retried"
+        );
+    }
+
     /// A burst of file events costs one pass, and a pass one of them calls for is not lost
     /// to a later one in the same burst that alone would wait: here inotify comes up (the
     /// file-watch check must turn at once) while a source is being written in place (read
@@ -1151,22 +1210,8 @@ mod loop_tests {
         let pem = test_certs::ca(Some("signer"), None, now - 60, now + 86400)
             .pem()
             .to_vec();
-        let source = dir.path().join("source.pem");
         let bundle = dir.path().join("kubelet-ca.crt");
-        std::fs::write(&source, &pem).unwrap();
-        let cli = Cli::try_parse_from([
-            "kubelet-ca-agent".to_string(),
-            "run".to_string(),
-            format!("--source=file:{}", source.display()),
-            format!("--bundle={}", bundle.display()),
-            format!("--state-dir={}", dir.path().join("state").display()),
-        ])
-        .unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("parsed as another command");
-        };
-        let (status, status_rx) = watch::channel(Arc::default());
-        let mut reconciler = Reconciler::new(&args.common, Arc::default(), status);
+        let (mut reconciler, status_rx) = reconciler_for(dir.path(), Some(&pem));
         reconciler.start();
         assert_eq!(std::fs::read(&bundle).unwrap(), pem);
         assert!(
