@@ -184,6 +184,14 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
         verbose.contains("[-]in-sync failed") && verbose.contains("Operation not permitted"),
         "{verbose}"
     );
+    // A pass while the retry waits (the source written again, same content) keeps saying
+    // why the write failed, not only that it did.
+    fs::write(source.strip_prefix("file:").unwrap(), b.pem()).unwrap();
+    wait_until(SECOND, || {
+        agent.get("/readyz?verbose").is_some_and(|(_, v)| {
+            v.contains("Operation not permitted") && v.contains("retrying with backoff")
+        })
+    });
     // Retries at about 1 s and 3 s after the first failure: they happen with no event at
     // all, and they are a few, not hundreds.
     wait_until(5 * SECOND, || failures(&agent) > first);
