@@ -199,8 +199,9 @@ fn a_failing_write_is_retried_with_backoff_and_converges() {
         (failed_at + Duration::from_millis(3500)).saturating_duration_since(Instant::now()),
     );
     let attempts = failures(&agent);
+    // At 1 s and 3 s: two (one if the machine is slow), not one a second.
     assert!(
-        (first + 1.0..=first + 3.0).contains(&attempts),
+        (first + 1.0..=first + 2.0).contains(&attempts),
         "{first} then {attempts} failed writes in 3.5 s"
     );
     assert_eq!(agent.metric("kubelet_ca_bundle_in_sync{"), Some(0.0));

@@ -119,6 +119,23 @@ impl Backoff {
     fn clear(&mut self) {
         *self = Backoff::default();
     }
+
+    /// A failed write, an unreadable bundle path, or a mode or owner that could not be put
+    /// back: 1 s doubling to 5 minutes, starting over after 10 quiet minutes.
+    fn step_write(&mut self, at: Instant) {
+        self.step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+    }
+
+    /// A local source that could not be read: 1 s doubling to a minute, starting over after
+    /// two quiet minutes.
+    fn step_read(&mut self, at: Instant) {
+        self.step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+    }
+
+    /// A repair: 250 ms doubling to 5 minutes, starting over after 10 quiet minutes.
+    fn step_repair(&mut self, at: Instant) {
+        self.step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+    }
 }
 
 /// What a pass knows when it decides what to do with the file.
@@ -504,8 +521,7 @@ impl Reconciler {
         let result = slot.loader.load(&slot.source.spec);
         match &result {
             Err(error) if local::retryable(error) => {
-                slot.read_retry
-                    .step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+                slot.read_retry.step_read(at);
                 slot.read_at = slot.read_retry.until;
             }
             _ => slot.read_retry.clear(),
@@ -547,8 +563,7 @@ impl Reconciler {
                     tracing::error!(reason = e.reason(), "{problem}");
                     self.count_sync_error(e.reason());
                 }
-                self.write_retry
-                    .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+                self.write_retry.step_write(at);
                 self.retry_at = self.write_retry.until;
                 self.publish(
                     Seen::Unreadable(problem.clone()),
@@ -619,8 +634,7 @@ impl Reconciler {
                 match self.target.writer().repair_attributes(&stat, owner) {
                     Ok(true) => {
                         self.metrics.repairs.get_or_create(&self.file).inc();
-                        self.repair
-                            .step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+                        self.repair.step_repair(at);
                         tracing::warn!(bundle = %self.file.filepath, mode = format!("{:o}", stat.mode), uid = stat.uid, gid = stat.gid, "repaired the bundle's mode or owner: something else had changed it");
                         self.in_sync(sha256);
                         self.publish((&on_disk).into(), self.in_sync_state(), None);
@@ -641,12 +655,7 @@ impl Reconciler {
                         );
                         tracing::error!("{problem}");
                         self.count_sync_error("attributes");
-                        self.write_retry.step(
-                            at,
-                            WRITE_RETRY_FIRST,
-                            WRITE_RETRY_MAX,
-                            WRITE_RETRY_MAX * 2,
-                        );
+                        self.write_retry.step_write(at);
                         self.retry_at = self.write_retry.until;
                         self.publish((&on_disk).into(), Some(false), Some(problem));
                     }
@@ -670,8 +679,10 @@ impl Reconciler {
         if let OnDisk::Other(kind) = &on_disk {
             tracing::warn!(bundle = %self.file.filepath, "the bundle path is {kind}, not a regular file; replacing it with one (never following a link)");
         }
+        // With a bundle built from the sources, it is the goal; without one (a source not
+        // read yet), the goal is the adopted bundle, restored.
         let written = match &self.desired {
-            Some(desired) if desired.rendered == goal => self.target.apply(
+            Some(desired) => self.target.apply(
                 &desired.built,
                 &desired.rendered,
                 &on_disk,
@@ -687,8 +698,7 @@ impl Reconciler {
                     self.metrics.writes.get_or_create(&self.file).inc();
                     if repair {
                         self.metrics.repairs.get_or_create(&self.file).inc();
-                        self.repair
-                            .step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+                        self.repair.step_repair(at);
                         tracing::warn!(bundle = %self.file.filepath, "repaired the bundle: something else had changed or removed it");
                     } else if let Some(since) = self.pending_since {
                         let took = applied.durable_at.saturating_duration_since(since);
@@ -712,8 +722,7 @@ impl Reconciler {
                 }
                 self.write_failed = Some(sha256);
                 self.write_error = Some(e.to_string());
-                self.write_retry
-                    .step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+                self.write_retry.step_write(at);
                 self.retry_at = self.write_retry.until;
                 tracing::error!(reason = e.reason(), "{e}");
                 self.publish((&on_disk).into(), Some(false), Some(e.to_string()));
@@ -889,7 +898,7 @@ mod tests {
         let mut at = start;
         let mut delays = Vec::new();
         for _ in 0..14 {
-            backoff.step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+            backoff.step_repair(at);
             let until = backoff.until.unwrap();
             delays.push(until - at);
             assert_eq!(backoff.blocked(at), Some(until));
@@ -928,7 +937,7 @@ mod tests {
             Duration::from_secs(300)
         );
         let later = last + Duration::from_secs(600);
-        backoff.step(later, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+        backoff.step_repair(later);
         assert_eq!(backoff.until.unwrap() - later, ms(250));
     }
 
@@ -938,17 +947,17 @@ mod tests {
         let mut at = Instant::now();
         let mut last = Duration::ZERO;
         for _ in 0..12 {
-            backoff.step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+            backoff.step_write(at);
             last = backoff.until.unwrap() - at;
             at += last;
         }
         assert_eq!(last, Duration::from_secs(300));
         let mut reads = Backoff::default();
         let at = Instant::now();
-        reads.step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+        reads.step_read(at);
         assert_eq!(reads.until.unwrap() - at, Duration::from_secs(1));
         for _ in 0..10 {
-            reads.step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
+            reads.step_read(at);
         }
         assert_eq!(reads.until.unwrap() - at, Duration::from_secs(60));
     }
@@ -1003,7 +1012,7 @@ mod tests {
     fn a_new_bundle_is_written_at_once_even_while_repairs_back_off() {
         let now = Instant::now();
         let mut repairing = Backoff::default();
-        repairing.step(now, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+        repairing.step_repair(now);
         let idle = Backoff::default();
         let old = regular(b"the old bundle", 0o644, (0, 0));
         assert_eq!(
@@ -1042,7 +1051,7 @@ mod tests {
             Action::Write { repair: true }
         );
         let mut repairing = Backoff::default();
-        repairing.step(now, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+        repairing.step_repair(now);
         let until = repairing.until.unwrap();
         assert!(matches!(
             decide(&facts(&tampered, Some(GOAL), None), &repairing, &idle, now),
@@ -1072,7 +1081,7 @@ mod tests {
                 Action::RepairAttributes
             );
             let mut repairing = Backoff::default();
-            repairing.step(now, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
+            repairing.step_repair(now);
             assert!(matches!(
                 decide(&facts(&drifted, Some(GOAL), None), &repairing, &idle, now),
                 Action::Wait { .. }
@@ -1085,7 +1094,7 @@ mod tests {
         let now = Instant::now();
         let idle = Backoff::default();
         let mut retrying = Backoff::default();
-        retrying.step(now, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+        retrying.step_write(now);
         let old = regular(b"old", 0o644, (0, 0));
         assert!(matches!(
             decide(&facts(&old, Some(b"old"), Some(GOAL)), &idle, &retrying, now),
@@ -1121,12 +1130,12 @@ mod backoff_tests {
         let now = Instant::now();
         let mut backoff = Backoff::default();
         for _ in 0..4 {
-            backoff.step(now, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+            backoff.step_write(now);
         }
         assert!(backoff.blocked(now).is_some());
         backoff.clear();
         assert_eq!(backoff.blocked(now), None);
-        backoff.step(now, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
+        backoff.step_write(now);
         assert_eq!(backoff.until, Some(now + WRITE_RETRY_FIRST));
     }
 }
