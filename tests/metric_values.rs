@@ -63,6 +63,42 @@ fn x509_cert_expired_is_0_for_a_valid_certificate_and_1_once_past_not_after() {
 }
 
 #[test]
+fn a_bundle_with_nothing_valid_is_counted_once_per_problem_and_never_written() {
+    let node = Node::new();
+    let current = Signer::new("current", Algorithm::P256);
+    let source = node.source("signers.pem", current.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    wait_until(5 * SECOND, || node.holds(current.pem()));
+    agent.wait_listening();
+    let expired =
+        Signer::valid_between("expired", Algorithm::P256, Span::days(-30), Span::days(-1));
+    fs::write(source_path(&source), expired.pem()).unwrap();
+    let labels = [("reason", "no_valid_certificate")];
+    agent.wait_sample(2 * SECOND, "kubelet_ca_sync_errors_total", &labels, |v| {
+        v == 1.0
+    });
+    agent.wait_metric(SECOND, "kubelet_ca_bundle_in_sync{", 0.0);
+    // More passes over the same problem (the source written again as it was, a repair of
+    // the file) are not more errors; the file keeps the last valid bundle.
+    fs::write(source_path(&source), expired.pem()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        agent.sample("kubelet_ca_sync_errors_total", &labels),
+        Some(1.0)
+    );
+    assert!(node.holds(current.pem()));
+    assert_eq!(
+        agent
+            .log()
+            .matches("none is valid now: refusing to write it")
+            .count(),
+        1,
+        "{}",
+        agent.log()
+    );
+}
+
+#[test]
 fn rejected_not_ca_counts_each_certificate_left_out_once() {
     let node = Node::new();
     let ca = Signer::new("ca", Algorithm::P256);
