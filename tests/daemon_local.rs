@@ -850,3 +850,23 @@ fn an_adopted_bundle_is_no_longer_restored_once_every_certificate_expired() {
         "an all-expired bundle was restored"
     );
 }
+
+#[test]
+fn a_retained_signer_leaves_the_file_when_its_window_ends_with_no_other_event() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("a", Algorithm::P256),
+        Signer::new("b", Algorithm::P256),
+    );
+    let source = node.source("signers.pem", a.pem() + &b.pem());
+    let agent = Agent::start(&node, &[&source], &["--retain-removed", "3s"]);
+    wait_until(5 * SECOND, || node.holds(a.pem() + &b.pem()));
+    agent.wait_listening();
+    // b leaves the source: it stays in the file for its window...
+    fs::write(source.strip_prefix("file:").unwrap(), a.pem()).unwrap();
+    std::thread::sleep(SECOND);
+    assert!(node.holds(a.pem() + &b.pem()), "b was not retained");
+    // ...and leaves when the window ends, on the loop's own timer: nothing else happens.
+    let took = wait_until(5 * SECOND, || node.holds(a.pem()));
+    eprintln!("the retained signer left {took:?} after the first second");
+}
