@@ -305,6 +305,40 @@ mod tests {
         assert!(c.is_expired_at(T + 1));
     }
 
+    /// An intermediate CA (signed by another) names its issuer apart from its subject; a
+    /// self-issued one has them equal.
+    #[test]
+    fn the_issuer_of_an_intermediate_is_its_signer_not_itself() {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let params = |cn: &str, o: &str| {
+            let mut p = CertificateParams::default();
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.distinguished_name.push(DnType::OrganizationName, o);
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p
+        };
+        let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let root = params("kube-control-plane-signer", "openshift");
+        let root_der = root.self_signed(&root_key).unwrap().der().to_vec();
+        let issuer = Issuer::new(root, root_key);
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let intermediate = params("kube-csr-signer", "kube")
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let c = Certificate::from_der(intermediate.der()).unwrap();
+        assert_eq!(
+            (c.subject_cn.as_str(), c.subject_o.as_str()),
+            ("kube-csr-signer", "kube")
+        );
+        assert_eq!(
+            (c.issuer_cn.as_str(), c.issuer_o.as_str()),
+            ("kube-control-plane-signer", "openshift")
+        );
+        let r = Certificate::from_der(&root_der).unwrap();
+        assert_eq!(r.issuer_cn, "kube-control-plane-signer");
+        assert_eq!(r.issuer_o, "openshift");
+    }
+
     #[test]
     fn display_name_falls_back_to_the_organization_then_the_fingerprint() {
         let both = ca(Some("kube-csr-signer"), Some("openshift"), T - 100, T);
