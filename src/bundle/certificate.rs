@@ -339,6 +339,20 @@ mod tests {
         assert_eq!(r.issuer_o, "openshift");
     }
 
+    /// The canonical block is sized up front: one allocation of exactly its length, whatever
+    /// the DER's length modulo 3 and 48.
+    #[test]
+    fn a_canonical_block_is_allocated_once_at_its_exact_size() {
+        let der = ca(Some("signer"), None, T - 100, T).der();
+        for cut in [0, 1, 2, 47, 48, 49] {
+            let der = &der[..der.len() - cut];
+            let pem = canonical_pem(der);
+            assert_eq!(pem.capacity(), pem.len(), "DER of {} bytes", der.len());
+            let text = std::str::from_utf8(&pem).unwrap();
+            assert!(text.lines().all(|l| l.len() <= 64), "{text}");
+        }
+    }
+
     #[test]
     fn display_name_falls_back_to_the_organization_then_the_fingerprint() {
         let both = ca(Some("kube-csr-signer"), Some("openshift"), T - 100, T);
