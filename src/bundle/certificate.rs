@@ -339,6 +339,28 @@ mod tests {
         assert_eq!(r.issuer_o, "openshift");
     }
 
+    /// Only CN and O make the names the metrics show; OU, C, L and the others do not leak
+    /// into them. Several O values are joined in order.
+    #[test]
+    fn subject_organization_is_the_o_values_only() {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CountryName, "DE");
+        p.distinguished_name
+            .push(DnType::OrganizationName, "openshift");
+        p.distinguished_name
+            .push(DnType::OrganizationalUnitName, "node-signers");
+        p.distinguished_name.push(DnType::LocalityName, "Berlin");
+        p.distinguished_name
+            .push(DnType::CommonName, "kube-csr-signer");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let c = Certificate::from_der(p.self_signed(&key).unwrap().der()).unwrap();
+        assert_eq!(c.subject_cn, "kube-csr-signer");
+        assert_eq!(c.subject_o, "openshift");
+        assert_eq!(c.issuer_o, "openshift");
+    }
+
     /// The canonical block is sized up front: one allocation of exactly its length, whatever
     /// the DER's length modulo 3 and 48.
     #[test]
