@@ -361,6 +361,37 @@ mod tests {
         assert_eq!(c.issuer_o, "openshift");
     }
 
+    /// Several values of one attribute (O) are joined by commas, in order, empty ones too.
+    #[test]
+    fn values_join_by_commas_in_order() {
+        let mut joined = Joined::default();
+        assert_eq!(joined.text, "");
+        for piece in ["openshift", "", "kube"] {
+            joined.push(piece);
+        }
+        assert_eq!(joined.text, "openshift,,kube");
+    }
+
+    /// Serial numbers in decimal, as x509-parser's big integer prints them, at every length
+    /// a CA uses (1 to 20 bytes).
+    #[test]
+    fn serials_print_in_decimal() {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SerialNumber};
+        use x509_parser::prelude::FromDer;
+        for len in [1usize, 2, 8, 15, 16, 17, 20] {
+            let serial: Vec<u8> = (0..len).map(|i| 0x11 + (i as u8) * 7).collect();
+            let mut p = CertificateParams::default();
+            p.serial_number = Some(SerialNumber::from_slice(&serial));
+            p.distinguished_name.push(DnType::CommonName, "signer");
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+            let der = p.self_signed(&key).unwrap().der().to_vec();
+            let (_, parsed) = x509_parser::certificate::X509Certificate::from_der(&der).unwrap();
+            let c = Certificate::from_der(&der).unwrap();
+            assert_eq!(c.serial, parsed.serial.to_string(), "{len}-byte serial");
+        }
+    }
+
     /// The canonical block is sized up front: one allocation of exactly its length, whatever
     /// the DER's length modulo 3 and 48.
     #[test]
