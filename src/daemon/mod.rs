@@ -27,15 +27,20 @@ use reconciler::{Inputs, Reconciler};
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     crate::server::endpoint::check_listen(&args.server)?;
-    // One crypto provider for the whole process: ring, the one kube-rs is built with.
+    runtime()?.block_on(run_async(args))
+}
+
+/// The runtime of a long-running command (`run`, `publish`): two worker threads for the
+/// endpoint, the watches and the signals, with one crypto provider for the whole process
+/// (ring, the one kube-rs is built with).
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("kubelet-ca-agent-io")
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(run_async(args))
+        .context("cannot start the async runtime")
 }
 
 async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {

@@ -45,15 +45,7 @@ pub fn run(args: PublishArgs) -> anyhow::Result<Exit> {
     if !args.once {
         server::endpoint::check_listen(&args.server)?;
     }
-    // One crypto provider for the whole process: ring, the one kube-rs is built with.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("kubelet-ca-agent-io")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    crate::daemon::runtime()?.block_on(async {
         let config = cluster::config(args.kubeconfig.as_deref())
             .await
             .map_err(|e| UsageError(format!("{e:#}")))?;
