@@ -119,12 +119,13 @@ pub struct Exposition {
     certificates: std::sync::Mutex<Option<(CertificatesKey, Arc<str>)>>,
 }
 
-/// What the per-certificate families depend on.
+/// What the per-certificate families depend on: the label of the file, the certificates
+/// themselves (every label of a series comes from its certificate, which its SHA-256
+/// fingerprint identifies), and which of them have expired by now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct CertificatesKey {
     filepath: String,
-    sha256: Option<String>,
-    count: usize,
+    certificates: Vec<crate::bundle::Fingerprint>,
     /// Certificates expired now: a certificate that expires changes `x509_cert_expired`.
     expired: usize,
 }
@@ -158,8 +159,11 @@ impl Exposition {
         let status = self.status.borrow().clone();
         let key = CertificatesKey {
             filepath: status.bundle_path.clone(),
-            sha256: status.sha256.clone(),
-            count: status.certificates.len(),
+            certificates: status
+                .certificates
+                .iter()
+                .map(|c| c.fingerprint())
+                .collect(),
             expired: status
                 .certificates
                 .iter()
