@@ -66,10 +66,23 @@ impl Agent {
         // --bundle itself (the command line wins).
         cmd.arg("run")
             .env("KUBELET_CA_AGENT_BUNDLE", node.bundle())
-            .env("KUBELET_CA_AGENT_STATE_DIR", node.state_dir())
-            .arg("--listen")
+            .env("KUBELET_CA_AGENT_STATE_DIR", node.state_dir());
+        Agent::launch(cmd, port, log, sources, extra, adjust)
+    }
+
+    /// Adds what every command of a test shares (metrics on `port`, insecure and in the
+    /// environment so that a test of the secured endpoint can remove it, a clean
+    /// environment, stderr to `log`), the sources and `extra`, and starts it.
+    fn launch(
+        mut cmd: Command,
+        port: u16,
+        log: PathBuf,
+        sources: &[&str],
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Agent {
+        cmd.arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
-            // In the environment, so that a test of the secured endpoint can remove it.
             .env("KUBELET_CA_AGENT_INSECURE_METRICS", "true")
             .env_remove("RUST_LOG")
             .env_remove("NOTIFY_SOCKET")
@@ -113,22 +126,8 @@ impl Agent {
             .arg("--to")
             .arg(to)
             .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .env("KUBELET_CA_AGENT_INSECURE_METRICS", "true")
-            .env_remove("RUST_LOG")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("KUBECONFIG")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap());
-        for s in sources {
-            cmd.arg("--source").arg(s);
-        }
-        cmd.args(extra);
-        adjust(&mut cmd);
-        let child = cmd.spawn().expect("start the publisher");
-        Agent { child, port, log }
+            .arg(kubeconfig);
+        Agent::launch(cmd, port, log, sources, extra, adjust)
     }
 
     /// GET `path`; (status code, body), or None if the agent does not answer.
