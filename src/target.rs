@@ -481,6 +481,114 @@ mod records_tests {
         assert!(managed.contains("sha-12"), "{managed}");
     }
 
+    /// The records thread's log, captured: what an operator reads in the journal.
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Log {
+        fn count(&self, needle: &str) -> usize {
+            String::from_utf8_lossy(&self.0.lock().unwrap())
+                .matches(needle)
+                .count()
+        }
+    }
+
+    /// Runs the records thread over `state` with its log captured.
+    fn serve_logged(
+        state: &Path,
+        failures: Arc<AtomicUsize>,
+    ) -> (mpsc::Sender<Record>, std::thread::JoinHandle<()>, Log) {
+        let keeper = Keeper {
+            state: StateDir::new(state.to_path_buf()),
+            history: History::new(state),
+            bundle: state.join("kubelet-ca.crt"),
+        };
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let (queue, records) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            tracing::subscriber::with_default(subscriber, || {
+                keeper.serve(records, move |_| {
+                    failures.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+        });
+        (queue, thread, log)
+    }
+
+    const RECOVERED: &str = "the state directory is writable again";
+
+    #[test]
+    fn records_that_succeed_at_once_never_say_the_state_directory_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let failures = Arc::new(AtomicUsize::new(0));
+        let (queue, thread, log) = serve_logged(dir.path(), failures.clone());
+        let at = OffsetDateTime::now_utc();
+        for n in 1..=3 {
+            queue
+                .send(Record::History(format!("bundle {n}").into_bytes(), at))
+                .unwrap();
+            queue
+                .send(Record::ManagedFiles(format!("sha-{n}")))
+                .unwrap();
+        }
+        drop(queue);
+        thread.join().unwrap();
+        assert_eq!(failures.load(Ordering::SeqCst), 0);
+        assert_eq!(History::new(dir.path()).list().unwrap().len(), 3);
+        assert_eq!(
+            log.count(RECOVERED),
+            0,
+            "a recovery logged with nothing failed"
+        );
+    }
+
+    #[test]
+    fn a_state_directory_fixed_while_records_wait_is_logged_as_recovered_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the history directory should be: the record fails until it goes.
+        let blocker = dir.path().join("history");
+        fs::write(&blocker, b"in the way").unwrap();
+        let failures = Arc::new(AtomicUsize::new(0));
+        let (queue, thread, log) = serve_logged(dir.path(), failures.clone());
+        let at = OffsetDateTime::now_utc();
+        queue
+            .send(Record::History(b"bundle 1".to_vec(), at))
+            .unwrap();
+        next_failure(&failures, 0);
+        fs::remove_file(&blocker).unwrap();
+        // The retry (after the doubled delay, 2 s) finds the directory fixed.
+        let start = Instant::now();
+        while History::new(dir.path()).list().unwrap().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never retried");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Records after the recovery are plain successes.
+        queue.send(Record::ManagedFiles("sha-2".into())).unwrap();
+        drop(queue);
+        thread.join().unwrap();
+        assert_eq!(failures.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            log.count(RECOVERED),
+            1,
+            "the recovery is logged exactly once"
+        );
+    }
+
     #[test]
     fn a_target_dropped_at_a_clean_stop_writes_every_queued_record_first() {
         use clap::Parser;
