@@ -141,7 +141,7 @@ def check_listen(what, workload, ct, var, field_path, bad):
     references in order."""
     if ct.field(var) != field_path:
         bad(f"{what}: {var} must come from the downward API {field_path}")
-    want = f"$({var}):9745"
+    want = f"[$({var})]:9745"
     if ct.value("KUBELET_CA_AGENT_LISTEN") != want:
         bad(f"{what}: must listen on {want}, not {ct.value('KUBELET_CA_AGENT_LISTEN')!r}")
     text = yaml.safe_dump(workload)

@@ -177,7 +177,8 @@ pub struct ServerArgs {
         long,
         value_name = "ADDR:PORT",
         env = "KUBELET_CA_AGENT_LISTEN",
-        default_value = "127.0.0.1:9745"
+        default_value = "127.0.0.1:9745",
+        value_parser = parse_listen
     )]
     pub listen: std::net::SocketAddr,
     /// Serving certificate (PEM, with its chain) for the endpoint; reloaded when it changes.
@@ -508,6 +509,26 @@ fn parse_source_spec(s: &str) -> Result<SourceSpec, String> {
         .map_err(|e: crate::source::SpecError| e.to_string())
 }
 
+/// `--listen`: `IPv4:PORT` or `[IPv6]:PORT`, and also `[IPv4]:PORT`, as Go's
+/// `net.SplitHostPort` accepts, so that one manifest line, `[$(HOST_IP)]:9745`, serves
+/// IPv4 and IPv6 nodes alike (an unbracketed IPv6 address cannot carry a port).
+fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{IpAddr, SocketAddr};
+    let bracketed = || {
+        let (host, port) = s.strip_prefix('[')?.split_once("]:")?;
+        Some(SocketAddr::new(
+            host.parse::<IpAddr>().ok()?,
+            port.parse().ok()?,
+        ))
+    };
+    s.parse::<SocketAddr>()
+        .ok()
+        .or_else(bracketed)
+        .ok_or_else(|| {
+            format!("{s:?} is not an address and port such as 127.0.0.1:9745 or [::1]:9745")
+        })
+}
+
 /// `90s`, `15m`, `36h`, `30d` (and combinations such as `1h30m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
@@ -554,6 +575,32 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn listen_addresses_take_brackets_around_either_family() {
+        let ok = |s: &str| parse_listen(s).unwrap().to_string();
+        assert_eq!(ok("127.0.0.1:9745"), "127.0.0.1:9745");
+        assert_eq!(ok("[::1]:9745"), "[::1]:9745");
+        // `[$(HOST_IP)]:9745` in a manifest, on an IPv4 node and on an IPv6 node.
+        assert_eq!(ok("[10.0.3.7]:9745"), "10.0.3.7:9745");
+        assert_eq!(ok("[fd00:10::7]:9745"), "[fd00:10::7]:9745");
+        for bad in [
+            "fd00::1:9745",
+            "[10.0.3.7]",
+            "[10.0.3.7]:",
+            "[10.0.3.7]:65536",
+            "[node-1]:9745",
+            "localhost:9745",
+            "10.0.3.7",
+            "",
+        ] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(
+                e.contains(&format!("{bad:?}")) && e.contains("[::1]:9745"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
