@@ -236,6 +236,26 @@ mod tests {
         }
     }
 
+    /// Something huge put at the path is not read whole into memory: the read stops one
+    /// byte past the bound (16 MiB), so the file still differs from every bundle, and a
+    /// file of exactly the bound is read whole.
+    #[test]
+    fn a_huge_file_at_the_path_is_read_one_byte_past_the_bound_and_no_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet-ca.crt");
+        let writer = BundleWriter::new(path.clone(), 0o644);
+        let bound = MAX_SOURCE_BYTES * 4;
+        for (size, read) in [(bound, bound), (bound + 4096, bound + 1)] {
+            std::fs::write(&path, vec![b'x'; size]).unwrap();
+            match writer.read_current().unwrap() {
+                OnDisk::Regular { bytes, .. } => {
+                    assert_eq!(bytes.len(), read, "a {size}-byte file")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     /// Only a missing file is missing: a path that cannot be opened for another reason is
     /// an error to report, never a file to write over.
     #[test]
