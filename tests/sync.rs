@@ -310,6 +310,42 @@ fn stale_temporary_files_from_a_killed_run_are_removed() {
 }
 
 #[test]
+fn a_leftover_that_cannot_be_removed_is_reported_and_the_others_still_go() {
+    if !require(common::is_root(), "chattr +i needs root") {
+        return;
+    }
+    let node = Node::new();
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    let leftover = |n: u32| {
+        let path = node
+            .bundle_dir()
+            .join(format!(".kubelet-ca.crt.kubelet-ca-agent-tmp.4194305.{n}"));
+        fs::write(&path, "half a bund").unwrap();
+        path
+    };
+    let (stuck, stale) = (leftover(0), leftover(1));
+    if !require(
+        common::chattr("+i", &stuck),
+        "chattr +i is not supported on this filesystem",
+    ) {
+        return;
+    }
+    let out = node.sync(&[&node.source("a.pem", pki::bundle_of(1, "ca"))], &[]);
+    common::chattr("-i", &stuck);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!stale.exists(), "the removable leftover is removed: {err}");
+    let warning = err
+        .lines()
+        .find(|l| l.contains("cannot remove a temporary file left by a killed run"))
+        .unwrap_or_else(|| panic!("no warning for the immutable leftover: {err}"));
+    assert!(
+        warning.contains(&*stuck.to_string_lossy()) && warning.contains("Operation not permitted"),
+        "{warning}"
+    );
+}
+
+#[test]
 fn a_temporary_file_still_being_written_is_left_alone() {
     let node = Node::new();
     fs::create_dir_all(node.bundle_dir()).unwrap();

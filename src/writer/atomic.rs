@@ -84,7 +84,8 @@ pub fn replace(target: &Path, content: &[u8], attributes: &Attributes) -> Result
 /// Removes temporary files of this agent in `dir` left behind by a process that was killed
 /// between create and rename. A writer holds an exclusive lock on its temporary file until
 /// the rename, so a file whose lock can be taken has no writer left (a PID could have been
-/// reused). Returns what it removed.
+/// reused). Returns what it removed; a leftover that cannot be removed (an immutable
+/// file) is logged and the others are still removed.
 pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let entries = match fs::read_dir(dir) {
@@ -114,8 +115,11 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
         }
         match fs::remove_file(&path) {
             Ok(()) => removed.push(path),
+            // Removed by another cleanup since it was listed.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a temporary file left by a killed run");
+            }
         }
     }
     Ok(removed)
@@ -268,6 +272,28 @@ mod tests {
         assert_eq!(error.step, "renaming over the file");
         assert!(target.is_dir());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_temporary_file_that_cannot_be_created_fails_the_replace_at_once() {
+        // Only a name already taken is stepped over; any other error (here, the directory
+        // is gone) ends the replace, never a loop through names.
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("gone/kubelet-ca.crt");
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let attributes = Attributes {
+                mode: 0o644,
+                ..Attributes::default()
+            };
+            let _ = done.send(replace(&target, b"bundle", &attributes));
+        });
+        let error = outcome
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the replace did not return")
+            .unwrap_err();
+        assert_eq!(error.step, "creating a temporary file");
+        assert_eq!(error.error.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]
