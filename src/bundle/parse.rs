@@ -203,7 +203,13 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
                     }
                 }
             }
-            still_open => open = still_open,
+            // Base64 has no dashes: this line is a broken armor line, not payload.
+            Some((index, begin_line, _, _)) => {
+                let problem = format!(
+                    "line {line_no} starts with ----- inside the block but is not its END line"
+                );
+                return (blocks, Some(malformed(index, begin_line, &problem)));
+            }
         }
     }
     if let Some((index, line, _, _)) = open {
@@ -518,6 +524,10 @@ mod tests {
                 "-----BE",
                 "PEM block 1 (line 1): a line starting with ----- is not a complete BEGIN or END line",
             ),
+            (
+                "-----BEGIN CERTIFICATE-----\nMAA=\n  -----BOGUS-----\n-----END CERTIFICATE-----\n",
+                "PEM block 1 (line 1): line 3 starts with ----- inside the block but is not its END line",
+            ),
         ];
         for (input, message) in cases {
             assert_eq!(reject(input).to_string(), message, "{input:?}");
@@ -622,6 +632,30 @@ mod limit_and_armor_tests {
                 "{line:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_blank_line_before_the_end_line_is_not_written_back() {
+        // The block decodes, but is not canonical: the bundle holds the canonical form.
+        // A blank line after a full last line (64 characters: a DER of 48n bytes) looks
+        // most like a canonical block; a common name of the right length makes one.
+        let now = now();
+        let (certificate, text) = (0..200)
+            .map(|n| {
+                let certificate = ca(Some(&"s".repeat(1 + n)), None, now - 60, now + 3600);
+                let pem = Bundle::from_certificates([certificate.clone()]).render();
+                (certificate, String::from_utf8(pem).unwrap())
+            })
+            .find(|(_, text)| text.lines().rev().nth(1).unwrap().len() == 64)
+            .expect("a DER of 48n bytes");
+        let blank = text.replace("\n-----END", "\n\n-----END");
+        assert_ne!(blank, text);
+        let parsed = parse_source(blank.as_bytes()).unwrap().certificates;
+        assert_eq!(parsed, [certificate]);
+        assert_eq!(
+            String::from_utf8(Bundle::from_certificates(parsed).render()).unwrap(),
+            text
+        );
     }
 
     #[test]
