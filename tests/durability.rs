@@ -18,7 +18,7 @@ use common::pki::{Algorithm, Signer};
 use common::{Node, agent_bin, require, stderr};
 
 const SECOND: Duration = Duration::from_secs(1);
-const TRACED: &str = "trace=openat,write,fsync,fdatasync,rename,renameat,renameat2";
+const TRACED: &str = "trace=openat,write,fsync,fdatasync,rename,renameat,renameat2,unlink,unlinkat";
 
 /// strace is installed and allowed to trace here.
 fn strace_works() -> bool {
@@ -211,6 +211,17 @@ fn check_replaces(calls: &[Call], bundle: &Path) -> usize {
             .iter()
             .position(|c| c.rename().is_some_and(|(_, to)| to == bundle))
             .map_or(calls.len(), |p| i + 1 + p);
+        // The temporary name is the bundle now: nothing unlinks it after the rename
+        // (whatever took that name since would be removed).
+        if let Some(c) = calls[i + 1..next_rename]
+            .iter()
+            .find(|c| c.name.starts_with("unlink") && c.strings().contains(&from))
+        {
+            panic!(
+                "the temporary name {from} is unlinked after the rename:\n{}",
+                c.line
+            );
+        }
         let mut open_after = fds.clone();
         let mut dir_synced = false;
         for c in &calls[i + 1..next_rename] {
@@ -382,6 +393,11 @@ fn the_trace_checker_rejects_a_replace_without_a_directory_fsync() {
         ),
         ("no O_EXCL", good.replace("O_EXCL|", "")),
         ("no O_NOFOLLOW", good.replace("O_NOFOLLOW|", "")),
+        (
+            "the temporary name unlinked after the rename",
+            good.to_string()
+                + "10 unlink(\"/d/.b.kubelet-ca-agent-tmp.10.0\") = -1 ENOENT (No such file or directory)\n",
+        ),
     ];
     for (what, trace) in cases {
         assert_ne!(trace, good, "{what}: the case changes nothing");

@@ -544,6 +544,20 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_block_is_malformed_and_says_so() {
+        for input in [
+            "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+            "-----BEGIN CERTIFICATE-----\n  \n-----END CERTIFICATE-----\n",
+        ] {
+            assert_eq!(
+                reject(input).to_string(),
+                "PEM block 1 (line 1): the block is empty",
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_decodable_payload_that_is_not_x509_is_unparsable() {
         let input = "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n";
         assert_eq!(reject(input).reason(), "unparsable_certificate");
