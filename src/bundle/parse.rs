@@ -172,13 +172,13 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
                 let rejection = malformed(blocks.len() + 1, line_no, problem);
                 return (blocks, Some(rejection));
             }
-            // A torn BEGIN line ("-----BEG") must not pass as text between blocks.
-            None if line.starts_with(DASHES) => {
+            // Every line here starts with dashes (DashLines): a torn BEGIN line ("-----BEG")
+            // must not pass as text between blocks.
+            None => {
                 let problem = "a line starting with ----- is not a complete BEGIN or END line";
                 let rejection = malformed(blocks.len() + 1, line_no, problem);
                 return (blocks, Some(rejection));
             }
-            None => {}
             Some((index, line, _, _)) if is_begin => {
                 let problem = format!("no END line before the next BEGIN at line {line_no}");
                 return (blocks, Some(malformed(index, line, &problem)));
