@@ -172,7 +172,8 @@ pub struct RunArgs {
 /// The HTTP endpoint for metrics and health (`run`, and later `publish`).
 #[derive(Debug, Args)]
 pub struct ServerArgs {
-    /// Address and port for /metrics, /healthz, /livez and /readyz.
+    /// Address and port for /metrics, /healthz, /livez and /readyz: 127.0.0.1:9745,
+    /// [::1]:9745, or [$(HOST_IP)]:9745 (brackets are taken around IPv4 too).
     #[arg(
         long,
         value_name = "ADDR:PORT",
