@@ -590,6 +590,34 @@ mod records_tests {
     }
 
     #[test]
+    fn a_clean_stop_waits_for_the_records_thread_not_for_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let keeper = Keeper {
+            state: StateDir::new(dir.path().to_path_buf()),
+            history: History::new(dir.path()),
+            bundle: dir.path().join("kubelet-ca.crt"),
+        };
+        let target = Target {
+            writer: BundleWriter::new(dir.path().join("kubelet-ca.crt"), 0o644),
+            state: StateDir::new(dir.path().to_path_buf()),
+            retains: false,
+            records: Records::Inline(keeper),
+        }
+        .with_background_records(|kind| panic!("a {kind} record failed"));
+        target.keep(Record::ManagedFiles("sha".into()));
+        let stopping = Instant::now();
+        drop(target);
+        // A SIGTERM ends the agent as soon as the records are written: the deadline is
+        // for a hung state directory only.
+        assert!(
+            stopping.elapsed() < RECORDS_STOP_WAIT,
+            "the stop waited out the deadline: {:?}",
+            stopping.elapsed()
+        );
+        assert!(dir.path().join("managed-files.json").exists());
+    }
+
+    #[test]
     fn a_target_dropped_at_a_clean_stop_writes_every_queued_record_first() {
         use clap::Parser;
 
