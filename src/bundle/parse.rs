@@ -203,6 +203,8 @@ pub fn frame(input: &[u8]) -> (Vec<Block<'_>>, Option<Rejection>) {
                     }
                 }
             }
+            // The input ends in a torn END line ("-----EN"): truncated, said below.
+            still_open if offset == input.len() => open = still_open,
             // Base64 has no dashes: this line is a broken armor line, not payload.
             Some((index, begin_line, _, _)) => {
                 let problem = format!(
@@ -523,6 +525,10 @@ mod tests {
             (
                 "-----BE",
                 "PEM block 1 (line 1): a line starting with ----- is not a complete BEGIN or END line",
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\nMAA=\n-----EN",
+                "PEM block 1 (line 1): no END line: the content is truncated",
             ),
             (
                 "-----BEGIN CERTIFICATE-----\nMAA=\n  -----BOGUS-----\n-----END CERTIFICATE-----\n",
