@@ -63,6 +63,14 @@ impl Record {
 }
 
 impl Keeper {
+    fn new(state_dir: &Path, bundle: PathBuf) -> Self {
+        Keeper {
+            state: StateDir::new(state_dir.to_path_buf()),
+            history: History::new(state_dir),
+            bundle,
+        }
+    }
+
     fn keep(&self, record: &Record) -> Result<(), String> {
         let (what, result) = match record {
             Record::History(old, at) => (
@@ -163,11 +171,7 @@ pub struct Applied {
 impl Target {
     /// A target that writes its records before `apply` returns.
     pub fn new(common: &CommonArgs) -> Self {
-        let keeper = Keeper {
-            state: StateDir::new(common.state_dir.clone()),
-            history: History::new(&common.state_dir),
-            bundle: common.bundle.clone(),
-        };
+        let keeper = Keeper::new(&common.state_dir, common.bundle.clone());
         Target {
             writer: BundleWriter::new(common.bundle.clone(), common.file_mode),
             state: StateDir::new(common.state_dir.clone()),
@@ -422,11 +426,7 @@ mod records_tests {
         // A file where the history directory should be: every history record fails.
         let blocker = state.join("history");
         fs::write(&blocker, b"in the way").unwrap();
-        let keeper = Keeper {
-            state: StateDir::new(state.clone()),
-            history: History::new(&state),
-            bundle: dir.path().join("kubelet-ca.crt"),
-        };
+        let keeper = Keeper::new(&state, dir.path().join("kubelet-ca.crt"));
         let failures = Arc::new(AtomicUsize::new(0));
         let counted = failures.clone();
         let (queue, records) = mpsc::channel();
@@ -508,11 +508,7 @@ mod records_tests {
         state: &Path,
         failures: Arc<AtomicUsize>,
     ) -> (mpsc::Sender<Record>, std::thread::JoinHandle<()>, Log) {
-        let keeper = Keeper {
-            state: StateDir::new(state.to_path_buf()),
-            history: History::new(state),
-            bundle: state.join("kubelet-ca.crt"),
-        };
+        let keeper = Keeper::new(state, state.join("kubelet-ca.crt"));
         let log = Log::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -592,18 +588,8 @@ mod records_tests {
     #[test]
     fn a_clean_stop_waits_for_the_records_thread_not_for_the_deadline() {
         let dir = tempfile::tempdir().unwrap();
-        let keeper = Keeper {
-            state: StateDir::new(dir.path().to_path_buf()),
-            history: History::new(dir.path()),
-            bundle: dir.path().join("kubelet-ca.crt"),
-        };
-        let target = Target {
-            writer: BundleWriter::new(dir.path().join("kubelet-ca.crt"), 0o644),
-            state: StateDir::new(dir.path().to_path_buf()),
-            retains: false,
-            records: Records::Inline(keeper),
-        }
-        .with_background_records(|kind| panic!("a {kind} record failed"));
+        let state = dir.path().join("state");
+        let target = background_target(dir.path());
         target.keep(Record::ManagedFiles("sha".into()));
         let stopping = Instant::now();
         drop(target);
@@ -614,19 +600,19 @@ mod records_tests {
             "the stop waited out the deadline: {:?}",
             stopping.elapsed()
         );
-        assert!(dir.path().join("managed-files.json").exists());
+        assert!(state.join("managed-files.json").exists());
     }
 
-    #[test]
-    fn a_target_dropped_at_a_clean_stop_writes_every_queued_record_first() {
+    /// A target as `sync` makes it, over `dir/kubelet-ca.crt` and `dir/state`, with its
+    /// records on their own thread (a record that fails panics the test).
+    fn background_target(dir: &Path) -> Target {
         use clap::Parser;
 
         use crate::cli::{Cli, Command};
 
-        let dir = tempfile::tempdir().unwrap();
-        let state = dir.path().join("state");
+        let state = dir.join("state");
         fs::create_dir(&state).unwrap();
-        let bundle = dir.path().join("kubelet-ca.crt");
+        let bundle = dir.join("kubelet-ca.crt");
         let cli = Cli::try_parse_from([
             "kubelet-ca-agent".as_ref(),
             "sync".as_ref(),
@@ -639,9 +625,16 @@ mod records_tests {
         let Command::Sync(args) = cli.command else {
             unreachable!()
         };
-        let target = Target::new(&args.common).with_background_records(|kind| {
+        Target::new(&args.common).with_background_records(|kind| {
             panic!("a {kind} record failed");
-        });
+        })
+    }
+
+    #[test]
+    fn a_target_dropped_at_a_clean_stop_writes_every_queued_record_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let target = background_target(dir.path());
         // Enough records that the thread is still writing them when the target is dropped.
         let at = OffsetDateTime::now_utc();
         for n in 1..=200 {
