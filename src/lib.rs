@@ -6,9 +6,11 @@
 pub mod bundle;
 pub mod cli;
 pub mod commands;
+pub mod credentials;
 pub mod daemon;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod fsutil;
 pub mod logging;
 pub mod metrics;

@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use crate::credentials::{Credentials, HeldCertificate};
 use crate::status::{StatusRx, TargetKind};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,8 +46,13 @@ pub struct SourceReasonLabels {
 }
 
 /// Labels of the x509 certificate exporter, so existing dashboards and rules keep working.
+/// The agent's own certificates (the client certificate it presents to the API server, the
+/// CAs it trusts for it) carry two more, as the exporter labels certificates it reads from a
+/// kubeconfig: `embedded_kind` (`user` or `cluster`) and `embedded_key` (the kubeconfig's
+/// name for that user or cluster). The managed bundle's series have neither, so
+/// `{embedded_kind=""}` selects them alone.
 #[allow(non_snake_case)]
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct CertificateLabels {
     filepath: String,
     serial_number: String,
@@ -54,6 +60,32 @@ struct CertificateLabels {
     subject_O: String,
     issuer_CN: String,
     issuer_O: String,
+    /// `(embedded_kind, embedded_key)` for the agent's own certificates.
+    embedded: Option<(&'static str, String)>,
+}
+
+impl EncodeLabelSet for CertificateLabels {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelSetEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        for (key, value) in [
+            ("filepath", self.filepath.as_str()),
+            ("serial_number", &self.serial_number),
+            ("subject_CN", &self.subject_CN),
+            ("subject_O", &self.subject_O),
+            ("issuer_CN", &self.issuer_CN),
+            ("issuer_O", &self.issuer_O),
+        ] {
+            (key, value).encode(encoder.encode_label())?;
+        }
+        if let Some((kind, key)) = &self.embedded {
+            ("embedded_kind", *kind).encode(encoder.encode_label())?;
+            ("embedded_key", key.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -116,6 +148,8 @@ impl Default for Metrics {
 pub struct Exposition {
     registry: Registry,
     status: StatusRx,
+    /// The agent's own credentials, when it talks to the API server.
+    credentials: Option<Credentials>,
     certificates: std::sync::Mutex<Option<(CertificatesKey, Arc<str>)>>,
 }
 
@@ -126,6 +160,9 @@ pub struct Exposition {
 struct CertificatesKey {
     filepath: String,
     certificates: Vec<crate::bundle::Fingerprint>,
+    /// The credentials the agent holds, by their generation (a new client, new certificates)
+    /// and the agent's own certificates.
+    held: Vec<crate::bundle::Fingerprint>,
     /// Certificates expired now: a certificate that expires changes `x509_cert_expired`.
     expired: usize,
 }
@@ -157,6 +194,11 @@ impl Exposition {
 
     fn certificate_families_at(&self, now: i64) -> Arc<str> {
         let status = self.status.borrow().clone();
+        let held: Arc<[HeldCertificate]> = self
+            .credentials
+            .as_ref()
+            .map(|c| c.current().held.clone())
+            .unwrap_or_default();
         let key = CertificatesKey {
             filepath: status.bundle_path.clone(),
             certificates: status
@@ -164,9 +206,11 @@ impl Exposition {
                 .iter()
                 .map(|c| c.fingerprint())
                 .collect(),
+            held: held.iter().map(|h| h.certificate.fingerprint()).collect(),
             expired: status
                 .certificates
                 .iter()
+                .chain(held.iter().map(|h| &h.certificate))
                 .filter(|c| c.is_expired_at(now))
                 .count(),
         };
@@ -180,7 +224,7 @@ impl Exposition {
             return text.clone();
         }
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(CertificateCollector { status, now }));
+        registry.register_collector(Box::new(CertificateCollector { status, held, now }));
         let text = encode_openmetrics(&registry);
         let text: Arc<str> = text.strip_suffix("# EOF\n").unwrap_or(&text).into();
         *cached = Some((key, text.clone()));
@@ -190,7 +234,12 @@ impl Exposition {
 
 /// The registry behind `/metrics`: the counters, the state read from the loop, the
 /// process metrics and the build info.
-pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> Exposition {
+pub fn registry(
+    metrics: Arc<Metrics>,
+    status: StatusRx,
+    credentials: Option<Credentials>,
+    node: Option<&str>,
+) -> Exposition {
     let mut registry = Registry::default();
     let m = &metrics;
     registry.register(
@@ -254,6 +303,7 @@ pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> 
     Exposition {
         registry,
         status,
+        credentials,
         certificates: std::sync::Mutex::new(None),
     }
 }
@@ -262,19 +312,22 @@ pub fn registry(metrics: Arc<Metrics>, status: StatusRx, node: Option<&str>) -> 
 #[derive(Debug)]
 struct CertificateCollector {
     status: Arc<crate::status::Status>,
+    /// The agent's own certificates.
+    held: Arc<[HeldCertificate]>,
     now: i64,
 }
 
 impl Collector for CertificateCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let (status, now) = (&self.status, self.now);
-        let labels = |c: &crate::bundle::Certificate| CertificateLabels {
-            filepath: status.bundle_path.clone(),
+        let labels = |filepath: &str, c: &crate::bundle::Certificate| CertificateLabels {
+            filepath: filepath.to_string(),
             serial_number: c.serial.clone(),
             subject_CN: c.subject_cn.clone(),
             subject_O: c.subject_o.clone(),
             issuer_CN: c.issuer_cn.clone(),
             issuer_O: c.issuer_o.clone(),
+            embedded: None,
         };
         // Two certificates can share every label (same serial, subject and issuer, other
         // key); emit the first only, so the exposition stays valid.
@@ -282,7 +335,12 @@ impl Collector for CertificateCollector {
         let certs: Vec<_> = status
             .certificates
             .iter()
-            .map(|c| (labels(c), c))
+            .map(|c| (labels(&status.bundle_path, c), c))
+            .chain(self.held.iter().map(|h| {
+                let mut l = labels(&h.filepath, &h.certificate);
+                l.embedded = Some((h.kind, h.key.clone()));
+                (l, &h.certificate)
+            }))
             .filter(|(l, _)| seen.insert(l.clone()))
             .collect();
         gauge(
@@ -575,7 +633,7 @@ mod tests {
             })
         };
         let (tx, rx) = tokio::sync::watch::channel(status(vec![a.clone()], "1"));
-        let exposition = registry(Arc::new(Metrics::default()), rx, None);
+        let exposition = registry(Arc::new(Metrics::default()), rx, None, None);
         let first = exposition.certificate_families_at(T);
         assert!(
             first.contains("x509_cert_expired{") && first.contains("signer-a"),

@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::credentials::Credentials;
 use crate::metrics;
 use crate::status::StatusRx;
 use crate::text::escape;
@@ -99,6 +100,8 @@ struct App {
     exposition: Arc<metrics::Exposition>,
     liveness: Liveness,
     guard: Arc<Guard>,
+    /// The agent's credentials for the API server, when it talks to it.
+    credentials: Option<Credentials>,
 }
 
 /// What a connection brought with it: the client's certificate chain, if any.
@@ -120,12 +123,14 @@ pub fn router(
     exposition: metrics::Exposition,
     liveness: Liveness,
     guard: Arc<Guard>,
+    credentials: Option<Credentials>,
 ) -> Router {
     let app = App {
         status,
         exposition: Arc::new(exposition),
         liveness,
         guard,
+        credentials,
     };
     Router::new()
         .route("/livez", get(live))
@@ -222,9 +227,22 @@ async fn ready(
     if !query.contains_key("verbose") {
         return (code, if ready { "ok\n" } else { "not ready\n" }).into_response();
     }
+    let mut checks = status.checks();
+    if let Some(credentials) = &app.credentials {
+        // Shown beside the sources it holds back; like them, it does not fail readiness
+        // while the file on disk is valid.
+        let at = checks
+            .iter()
+            .position(|(name, _)| name.starts_with("source:"))
+            .unwrap_or(checks.len());
+        checks.insert(
+            at,
+            ("credentials".to_string(), credentials_problem(credentials)),
+        );
+    }
     let mut body = String::new();
     // Names and reasons carry outside text (paths, source specs, API errors).
-    for (name, problem) in status.checks() {
+    for (name, problem) in checks {
         match problem {
             None => body.push_str(&format!("[+]{} ok\n", escape(&name))),
             Some(why) => body.push_str(&format!("[-]{} failed: {}\n", escape(&name), escape(&why))),
@@ -236,6 +254,19 @@ async fn ready(
         "readyz check failed\n"
     });
     (code, body).into_response()
+}
+
+/// What is wrong with the agent's credentials for the API server, if anything.
+fn credentials_problem(credentials: &Credentials) -> Option<String> {
+    let current = credentials.current();
+    match (&current.client, &current.problem) {
+        (_, None) if current.read => None,
+        (_, None) => Some("not read yet".to_string()),
+        (None, Some(problem)) => Some(problem.clone()),
+        (Some(_), Some(problem)) => Some(format!(
+            "{problem}; requests use the last good credentials meanwhile"
+        )),
+    }
 }
 
 /// Why `/metrics` refuses a request: 401 for who, 403 for may not.

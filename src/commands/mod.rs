@@ -8,7 +8,24 @@ pub mod sync;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::credentials::Origin;
 use crate::error::Exit;
+
+/// A client for a one-shot command (`sync`, `publish --once`), from credentials read once
+/// with the daemon's checks, and the server it talks to. Credentials that cannot be used end
+/// the command with exit 1 and one line: what is wrong, and what to do.
+pub fn one_shot_client(origin: &Origin) -> anyhow::Result<(kube::Client, String)> {
+    let loaded = crate::credentials::read_once(origin).map_err(|e| {
+        anyhow::anyhow!(
+            "no usable credentials for the API server: {}; fix them, or pass --kubeconfig with one that works (the file on disk was left as it was)",
+            e.problem
+        )
+    })?;
+    let server = loaded.server.clone();
+    let client = kube::Client::try_from(loaded.config)
+        .map_err(|e| anyhow::anyhow!("cannot build a client for {server}: {e}"))?;
+    Ok((client, server))
+}
 
 pub fn version() -> Exit {
     println!("kubelet-ca-agent {}", env!("CARGO_PKG_VERSION"));

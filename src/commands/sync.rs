@@ -11,6 +11,7 @@ use time::OffsetDateTime;
 use crate::bundle::{self, Bundle, SourceCertificates};
 use crate::cli::{CommonArgs, SyncArgs};
 use crate::commands::rfc3339;
+use crate::credentials::Origin;
 use crate::error::{Exit, UsageError};
 use crate::source::{SourceSpec, cluster, local};
 use crate::target::{Target, readable_certificates};
@@ -73,14 +74,10 @@ fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> 
     };
     let cluster = match &runtime {
         Some(rt) => {
-            let config = rt
-                .block_on(cluster::config(common.kubeconfig.as_deref()))
-                .map_err(|e| UsageError(format!("{e:#}")))?;
-            let server = config.cluster_url.to_string();
+            let origin = Origin::resolve(common.kubeconfig.as_deref()).map_err(UsageError)?;
             // Building the client spawns its request buffer onto the runtime.
             let _inside = rt.enter();
-            let client = cluster::client_for(config).map_err(|e| UsageError(format!("{e:#}")))?;
-            Some((client, server))
+            Some(super::one_shot_client(&origin)?)
         }
         None => None,
     };
@@ -88,11 +85,10 @@ fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> 
     for spec in &common.sources {
         let parsed = match (&runtime, &cluster) {
             (Some(rt), Some((client, server))) if spec.is_cluster() => {
-                match rt.block_on(cluster::read_once(client, spec)) {
+                match rt.block_on(cluster::read_once(client, server, spec)) {
                     Ok(parsed) => parsed,
                     Err(error) if error.reason() == "no_answer" => anyhow::bail!(
-                        "source {spec}: the API server {} did not answer within {}s (it took the request and sent nothing); {} was left as it was",
-                        server.trim_end_matches('/'),
+                        "source {spec}: the API server {server} did not answer within {}s (it took the request and sent nothing); {} was left as it was",
                         cluster::REQUEST_DEADLINE.as_secs(),
                         common.bundle.display()
                     ),

@@ -8,7 +8,6 @@
 //! truth: that the loop does not answer.
 
 pub mod allocator;
-pub mod files;
 pub mod reconciler;
 
 use std::sync::Arc;
@@ -18,7 +17,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 use crate::cli::RunArgs;
+use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
+use crate::files;
 use crate::metrics::Metrics;
 use crate::server;
 use crate::server::endpoint::Endpoint;
@@ -58,13 +59,13 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     let (update_tx, update_rx) = mpsc::unbounded_channel();
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
-    // Building the client reads configuration only; it does not call the API server.
+    // The credentials are followed for as long as the agent runs: missing (a new node whose
+    // kubelet has not bootstrapped yet), half written or refused, they hold back the
+    // cluster sources only, never the file on disk or the endpoint.
     let webhooks = args.server.authentication_token_webhook || args.server.authorization_webhook;
-    let client = if webhooks || args.common.sources.iter().any(|s| s.is_cluster()) {
-        let client = cluster::client(args.common.kubeconfig.as_deref())
-            .await
-            .map_err(|e| UsageError(format!("{e:#}")))?;
-        Some(client)
+    let credentials = if webhooks || args.common.sources.iter().any(|s| s.is_cluster()) {
+        let origin = Origin::resolve(args.common.kubeconfig.as_deref()).map_err(UsageError)?;
+        Some(Credentials::follow(origin))
     } else {
         None
     };
@@ -73,7 +74,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     let endpoint = Endpoint::start(
         &args.server,
         Some(&args.common.bundle),
-        client.as_ref(),
+        credentials.as_ref(),
         metrics.clone(),
         status_rx.clone(),
         liveness,
@@ -99,8 +100,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     // makes the agent ready at once, whether or not the cluster answers.
     reconciler.start();
 
-    if let Some(client) = &client {
-        cluster::watch_sources(client, &args.common.sources, &update_tx);
+    if let Some(credentials) = &credentials {
+        cluster::watch_sources(credentials, &args.common.sources, &update_tx);
     }
     drop(update_tx);
 

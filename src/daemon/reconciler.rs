@@ -15,10 +15,10 @@ use tokio::signal::unix::Signal;
 use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
-use super::files::FsEvent;
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
 use crate::cli::CommonArgs;
 use crate::exec::Hooks;
+use crate::files::FsEvent;
 use crate::fsutil::{FileKind, Stat};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, RecordLabels};
 use crate::server::Pongs;
@@ -510,7 +510,7 @@ impl Reconciler {
                 return true;
             }
             // The server's, never sent here.
-            FsEvent::Tls => {}
+            FsEvent::Tls | FsEvent::Credentials => {}
         }
         false
     }
@@ -534,6 +534,13 @@ impl Reconciler {
     }
 
     fn on_update(&mut self, update: Update) {
+        // Without usable credentials no cluster source can be read: a sync that cannot
+        // happen, counted as such (once per change of the problem, as the source sends it).
+        if let SourceEvent::Failed(e) | SourceEvent::WatchRestart(e) = &update.event
+            && e.reason() == "credentials"
+        {
+            self.count_sync_error("credentials");
+        }
         let slot = &mut self.slots[update.index];
         if slot.source.observe(update.event, &self.metrics) {
             self.pending_since.get_or_insert(update.at);

@@ -23,6 +23,7 @@ use tokio::time::sleep_until;
 
 use crate::bundle::{self, Certificate, Fingerprint, Policy, SourceCertificates};
 use crate::cli::{ConfigMapRef, PublishArgs};
+use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics};
 use crate::server::endpoint::Endpoint;
@@ -45,16 +46,13 @@ pub fn run(args: PublishArgs) -> anyhow::Result<Exit> {
     if !args.once {
         server::endpoint::check_listen(&args.server)?;
     }
+    let origin = Origin::resolve(args.kubeconfig.as_deref()).map_err(UsageError)?;
     crate::daemon::runtime()?.block_on(async {
-        let config = cluster::config(args.kubeconfig.as_deref())
-            .await
-            .map_err(|e| UsageError(format!("{e:#}")))?;
-        let server = config.cluster_url.to_string();
-        let client = cluster::client_for(config).map_err(|e| UsageError(format!("{e:#}")))?;
         if args.once {
-            once(&args, client, server.trim_end_matches('/')).await
+            let (client, server) = crate::commands::one_shot_client(&origin)?;
+            once(&args, client, &server).await
         } else {
-            watch_and_publish(args, client).await
+            watch_and_publish(args, Credentials::follow(origin)).await
         }
     })
 }
@@ -88,7 +86,7 @@ async fn once(args: &PublishArgs, client: kube::Client, server: &str) -> anyhow:
     let to = &args.to;
     let mut sources = Vec::with_capacity(args.sources.len());
     for spec in &args.sources {
-        match cluster::read_once(&client, spec).await {
+        match cluster::read_once(&client, server, spec).await {
             Ok(parsed) => {
                 crate::source::warn_not_ca(spec, &parsed);
                 sources.push(parsed);
@@ -194,7 +192,8 @@ struct Applied {
 struct Publisher {
     to: ConfigMapRef,
     label: String,
-    api: Api<ConfigMap>,
+    /// The API server, through the newest client of the followed credentials.
+    credentials: Credentials,
     sources_annotation: String,
     policy: Policy,
     slots: Vec<SourceState>,
@@ -231,7 +230,7 @@ enum Input {
     Applied(Applied),
 }
 
-async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::Result<Exit> {
+async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyhow::Result<Exit> {
     let to = args.to.clone();
     let label = to.to_string();
     tracing::info!(
@@ -250,7 +249,7 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
     let endpoint = Endpoint::start(
         &args.server,
         None,
-        Some(&client),
+        Some(&credentials),
         metrics.clone(),
         status_rx.clone(),
         liveness,
@@ -261,23 +260,23 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
     let tls_files = endpoint.tls_files();
     let mut _fs_events = None;
     if let Some(tls_events) = endpoint.reload_tls(status_rx.clone()) {
-        let plan = crate::daemon::files::Plan::new(None, &[]).with_tls_files(&tls_files);
+        let plan = crate::files::Plan::new(None, &[]).with_tls_files(&tls_files);
         let (fs_tx, fs_rx) = mpsc::unbounded_channel();
-        tokio::spawn(crate::daemon::files::run(plan, fs_tx, Some(tls_events)));
+        tokio::spawn(crate::files::run(plan, fs_tx, Some(tls_events)));
         _fs_events = Some(fs_rx);
     }
 
     let (update_tx, mut updates) = mpsc::unbounded_channel();
-    cluster::watch_sources(&client, &args.sources, &update_tx);
+    cluster::watch_sources(&credentials, &args.sources, &update_tx);
     drop(update_tx);
     let (input_tx, mut inputs) = mpsc::unbounded_channel();
     {
         let input_tx = input_tx.clone();
-        let (client, to, label) = (client.clone(), to.clone(), label.clone());
+        let (credentials, to, label) = (credentials.clone(), to.clone(), label.clone());
         tokio::spawn(async move {
             let key = to.key.clone();
             cluster::watch_configmap(
-                client,
+                credentials,
                 &to.namespace,
                 &to.name,
                 &label,
@@ -299,7 +298,7 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
     });
 
     let mut publisher = Publisher {
-        api: Api::namespaced(client, &to.namespace),
+        credentials,
         to,
         label,
         sources_annotation: source_list(&args.sources),
@@ -362,6 +361,18 @@ async fn watch_and_publish(args: PublishArgs, client: kube::Client) -> anyhow::R
 
 impl Publisher {
     fn on_update(&mut self, update: Update) {
+        // As in the node agent: no usable credentials is a sync that cannot happen.
+        if let Event::Failed(e) | Event::WatchRestart(e) = &update.event
+            && e.reason() == "credentials"
+        {
+            self.metrics
+                .sync_errors
+                .get_or_create(&FileReasonLabels {
+                    filepath: self.label.clone(),
+                    reason: "credentials".to_string(),
+                })
+                .inc();
+        }
         if self.slots[update.index].observe(update.event, &self.metrics) {
             self.pending_since.get_or_insert(update.at);
         }
@@ -574,14 +585,26 @@ impl Publisher {
             before.as_deref(),
         );
         let key = self.to.key.clone();
-        let (api, name, tx) = (
-            self.api.clone(),
-            self.to.name.clone(),
-            self.applied_tx.clone(),
-        );
+        let (name, tx) = (self.to.name.clone(), self.applied_tx.clone());
+        let client = self.credentials.client();
+        let namespace = self.to.namespace.clone();
         let sha256 = desired.sha256.clone();
         self.applying = Some(sha256.clone());
         tokio::spawn(async move {
+            let api: Api<ConfigMap> = match client {
+                Ok(client) => Api::namespaced(client, &namespace),
+                Err(why) => {
+                    let outcome =
+                        Outcome::Failed(format!("no usable credentials for the API server: {why}"));
+                    let _ = tx.send(Applied {
+                        sha256,
+                        before,
+                        outcome,
+                        repair,
+                    });
+                    return;
+                }
+            };
             let outcome =
                 match tokio::time::timeout(cluster::REQUEST_DEADLINE, apply(&api, &name, &body))
                     .await

@@ -16,6 +16,7 @@ use super::auth::Authorization;
 use super::review;
 use super::tls::{self, Tls};
 use crate::cli::ServerArgs;
+use crate::credentials::Credentials;
 use crate::error::UsageError;
 use crate::metrics::{self, Metrics};
 use crate::status::StatusRx;
@@ -36,16 +37,21 @@ impl Endpoint {
     pub async fn start(
         server: &ServerArgs,
         bundle: Option<&Path>,
-        client: Option<&kube::Client>,
+        credentials: Option<&Credentials>,
         metrics: Arc<Metrics>,
         status: StatusRx,
         liveness: Liveness,
     ) -> anyhow::Result<Endpoint> {
         check_listen(server)?;
-        let (tls, guard) = guard(server, bundle, client)?;
+        let (tls, guard) = guard(server, bundle, credentials)?;
         let listener = bind(server.listen).await?;
-        let registry = metrics::registry(metrics, status.clone(), server.node_name.as_deref());
-        let router = super::router(status, registry, liveness, guard);
+        let registry = metrics::registry(
+            metrics,
+            status.clone(),
+            credentials.cloned(),
+            server.node_name.as_deref(),
+        );
+        let router = super::router(status, registry, liveness, guard, credentials.cloned());
         tokio::spawn(super::serve(listener, router, tls.clone()));
         let follows_bundle = tls
             .as_ref()
@@ -89,12 +95,13 @@ pub fn check_listen(server: &ServerArgs) -> Result<(), UsageError> {
 /// with the given certificate, or with an in-memory self-signed one off loopback (or when
 /// client certificates are asked for); plain HTTP only on loopback.
 ///
-/// `client` talks to the API server for the webhooks; it is needed (and only built) when
-/// `--authentication-token-webhook` or `--authorization-webhook` is given.
+/// `credentials` give the client that talks to the API server for the webhooks; they are
+/// needed (and only followed) when `--authentication-token-webhook` or
+/// `--authorization-webhook` is given.
 fn guard(
     server: &ServerArgs,
     bundle: Option<&Path>,
-    client: Option<&kube::Client>,
+    credentials: Option<&Credentials>,
 ) -> Result<(Option<Arc<Tls>>, Arc<Guard>), UsageError> {
     let loopback = server.listen.ip().is_loopback();
     let serving = server
@@ -134,7 +141,7 @@ fn guard(
         .cloned()
         .collect();
     let webhook_client = || {
-        client.cloned().ok_or_else(|| {
+        credentials.cloned().ok_or_else(|| {
             UsageError("the webhooks need a Kubernetes client (--kubeconfig)".to_string())
         })
     };

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::auth::Identity;
+use crate::credentials::Credentials;
 use crate::text::escape;
 
 /// How long a rejected token, or a review that could not be made, is remembered.
@@ -151,16 +152,16 @@ pub enum TokenVerdict {
 
 /// Bearer tokens, checked with a TokenReview (`--authentication-token-webhook`).
 pub struct Tokens {
-    client: kube::Client,
+    credentials: Credentials,
     audiences: Vec<String>,
     ttl: Duration,
     answers: Arc<Answers<TokenVerdict>>,
 }
 
 impl Tokens {
-    pub fn new(client: kube::Client, audiences: Vec<String>, ttl: Duration) -> Tokens {
+    pub fn new(credentials: Credentials, audiences: Vec<String>, ttl: Duration) -> Tokens {
         Tokens {
-            client,
+            credentials,
             audiences,
             ttl,
             answers: Arc::default(),
@@ -169,13 +170,22 @@ impl Tokens {
 
     pub async fn authenticate(&self, token: &str) -> TokenVerdict {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let (client, audiences, token) = (
-            self.client.clone(),
+        let (credentials, audiences, token) = (
+            self.credentials.clone(),
             self.audiences.clone(),
             token.to_string(),
         );
         let ttl = self.ttl;
         let ask = move || async move {
+            // The newest client: the review follows the agent's credentials as they rotate.
+            let client = match credentials.client() {
+                Ok(client) => client,
+                Err(why) => {
+                    return TokenVerdict::Failed(format!(
+                        "the TokenReview cannot be made: no usable credentials for the API server: {why}"
+                    ));
+                }
+            };
             let review = TokenReview {
                 spec: TokenReviewSpec {
                     token: Some(token),
@@ -184,7 +194,7 @@ impl Tokens {
                 ..Default::default()
             };
             let api: Api<TokenReview> = Api::all(client);
-            match ask_within(api.create(&PostParams::default(), &review)).await {
+            match ask_within(&credentials, api.create(&PostParams::default(), &review)).await {
                 Ok(answer) => token_verdict(answer.status.unwrap_or_default(), &audiences),
                 Err(why) => TokenVerdict::Failed(format!("the TokenReview failed: {why}")),
             }
@@ -254,16 +264,16 @@ pub enum AccessVerdict {
 
 /// `--authorization-webhook`: may this identity `get` this path?
 pub struct Access {
-    client: kube::Client,
+    credentials: Credentials,
     answers: Arc<Answers<AccessVerdict>>,
     allowed_ttl: Duration,
     denied_ttl: Duration,
 }
 
 impl Access {
-    pub fn new(client: kube::Client, allowed_ttl: Duration, denied_ttl: Duration) -> Access {
+    pub fn new(credentials: Credentials, allowed_ttl: Duration, denied_ttl: Duration) -> Access {
         Access {
-            client,
+            credentials,
             answers: Arc::default(),
             allowed_ttl,
             denied_ttl,
@@ -287,14 +297,22 @@ impl Access {
             serde_json::to_vec(&spec).expect("a SubjectAccessReviewSpec serializes"),
         )
         .into();
-        let client = self.client.clone();
+        let credentials = self.credentials.clone();
         let ask = move || async move {
+            let client = match credentials.client() {
+                Ok(client) => client,
+                Err(why) => {
+                    return AccessVerdict::Failed(format!(
+                        "the SubjectAccessReview cannot be made: no usable credentials for the API server: {why}"
+                    ));
+                }
+            };
             let review = SubjectAccessReview {
                 spec,
                 ..Default::default()
             };
             let api: Api<SubjectAccessReview> = Api::all(client);
-            match ask_within(api.create(&PostParams::default(), &review)).await {
+            match ask_within(&credentials, api.create(&PostParams::default(), &review)).await {
                 Ok(answer) => access_verdict(answer.status.unwrap_or_default()),
                 Err(why) => AccessVerdict::Failed(format!("the SubjectAccessReview failed: {why}")),
             }
@@ -326,10 +344,32 @@ pub fn access_verdict(status: SubjectAccessReviewStatus) -> AccessVerdict {
 }
 
 /// A review call, given up after [`REVIEW_DEADLINE`]; its error as one escaped line.
-async fn ask_within<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
+/// `call`, within [`REVIEW_DEADLINE`]. A 401, or a server certificate that the trusted CAs
+/// do not sign, has the credentials read again: the next review uses the new ones.
+async fn ask_within<T>(
+    credentials: &Credentials,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, String> {
     match tokio::time::timeout(REVIEW_DEADLINE, call).await {
         Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(escape(&e.to_string()).into_owned()),
+        Ok(Err(kube::Error::Api(status))) => {
+            if status.code == 401 {
+                credentials.stale();
+            }
+            Err(escape(&format!(
+                "HTTP {} {}: {}",
+                status.code, status.reason, status.message
+            ))
+            .into_owned())
+        }
+        Ok(Err(e)) => {
+            let (reason, cause) = crate::source::cluster::transport_cause(&e);
+            if reason == "tls" {
+                credentials.stale();
+            }
+            let server = credentials.current().server.clone().unwrap_or_default();
+            Err(escape(&format!("{server}: {cause}")).into_owned())
+        }
         Err(_) => Err(format!(
             "the API server did not answer within {}s",
             REVIEW_DEADLINE.as_secs()

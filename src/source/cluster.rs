@@ -14,23 +14,22 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Status;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
-use kube::{Client, Config};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Keys, SourceError, SourceSpec, parse_parts};
 use crate::bundle::SourceCertificates;
+use crate::credentials::{Credentials, Current};
 
 /// The ControllerConfig field that carries the bundle, base64 of PEM.
 pub const CONTROLLERCONFIG_FIELD: &str = "kubeAPIServerServingCAData";
@@ -63,44 +62,6 @@ pub const WATCH_SILENCE: Duration = Duration::from_secs(120);
 /// past the one the watch started from), still ends, and is resumed, before it could be
 /// taken for dead. Resuming costs one watch request served from the watch cache; never a list.
 pub const WATCH_TIMEOUT_SECONDS: u32 = 100;
-
-/// The client configuration from `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`,
-/// else `~/.kube/config`.
-pub async fn config(kubeconfig: Option<&Path>) -> anyhow::Result<Config> {
-    use anyhow::Context;
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("kubeconfig {} is not usable", path.display()))?
-        }
-        None => match Config::incluster() {
-            Ok(config) => config,
-            Err(_) => Config::from_kubeconfig(&KubeConfigOptions::default())
-                .await
-                .context("no in-cluster config, and no usable kubeconfig in $KUBECONFIG or ~/.kube/config (or pass --kubeconfig)")?,
-        },
-    };
-    // No hidden retries inside the client: kube-rs would retry a 429, 503 or 504 up to 15
-    // times over minutes, during which the source would look up. The watch loop has its own
-    // backoff with jitter, reports each failure, and `sync` fails fast.
-    config.default_retry = false;
-    Ok(config)
-}
-
-/// A client for `config`.
-pub fn client_for(config: Config) -> anyhow::Result<Client> {
-    use anyhow::Context;
-    Client::try_from(config).context("cannot build a Kubernetes client")
-}
-
-/// A client from `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`, else
-/// `~/.kube/config`.
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
-    client_for(config(kubeconfig).await?)
-}
 
 /// One update from a source, for the reconciliation loop.
 #[derive(Debug)]
@@ -196,14 +157,130 @@ pub fn controllerconfig_bundle(spec: &str, object: &DynamicObject) -> Result<Vec
         })
 }
 
-fn cluster_error(spec: &str, error: &kube::Error) -> SourceError {
+/// What went wrong with a request to `server`: the API server's answer, or what kept the
+/// request from reaching it, said the way an operator can act on (`https://HOST:PORT:
+/// connection refused`, `... TLS: ...`), never the client library's bare `client error
+/// (Connect)`.
+fn cluster_error(spec: &str, server: &str, error: &kube::Error) -> SourceError {
     match error {
         kube::Error::Api(status) => status_error(spec, status),
-        other => SourceError::Cluster {
-            spec: spec.to_string(),
-            reason: "unreachable",
-            error: printable(&other.to_string()),
+        other => {
+            let (reason, cause) = transport_cause(other);
+            SourceError::Cluster {
+                spec: spec.to_string(),
+                reason,
+                error: format!("{server}: {cause}"),
+            }
+        }
+    }
+}
+
+/// The cause of a request that got no answer, from the innermost error that says it: a TLS
+/// failure (reason `tls`), a refused, reset or timed-out connection, or a failed name
+/// lookup (reason `unreachable`).
+pub fn transport_cause(error: &(dyn std::error::Error + 'static)) -> (&'static str, String) {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut innermost = error.to_string();
+    let mut dns = false;
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return ("tls", tls_problem(tls));
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            // An I/O error can carry the TLS error that caused it; its source() skips it.
+            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                return ("tls", tls_problem(tls));
+            }
+            use std::io::ErrorKind::*;
+            let said = match io.kind() {
+                ConnectionRefused => Some("connection refused"),
+                ConnectionReset => Some("connection reset by the server"),
+                ConnectionAborted => Some("connection aborted"),
+                TimedOut => Some("connection timed out"),
+                HostUnreachable => Some("no route to the host"),
+                NetworkUnreachable => Some("the network is unreachable"),
+                _ => None,
+            };
+            if let Some(said) = said {
+                return ("unreachable", said.to_string());
+            }
+        }
+        let text = e.to_string();
+        dns |= text.contains("dns error");
+        innermost = text;
+        next = e.source();
+    }
+    let innermost = printable(&innermost);
+    if dns {
+        ("unreachable", format!("DNS lookup failed: {innermost}"))
+    } else {
+        ("unreachable", innermost)
+    }
+}
+
+/// A TLS failure, as the one line that tells what to fix.
+fn tls_problem(error: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    match error {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => "TLS: unknown authority: the server's certificate is not signed by a CA the agent trusts for it".to_string(),
+            C::Expired | C::ExpiredContext { .. } => "TLS: the server's certificate has expired".to_string(),
+            C::NotValidYet | C::NotValidYetContext { .. } => "TLS: the server's certificate is not valid yet (is the clock right?)".to_string(),
+            C::NotValidForName | C::NotValidForNameContext { .. } => "TLS: the server's certificate is not valid for this host name".to_string(),
+            C::BadSignature => "TLS: the server's certificate has a bad signature".to_string(),
+            other => format!("TLS: the server's certificate is not valid: {other:?}"),
         },
+        rustls::Error::AlertReceived(alert) => {
+            format!("TLS: the server refused the handshake ({alert:?}); is the client certificate one it accepts?")
+        }
+        other => format!("TLS: {other}"),
+    }
+}
+
+/// Whether a failure says that the credentials may be stale: refused as unauthorized, or a
+/// server certificate that the trusted CAs do not sign (the server moved to a new CA).
+fn proves_stale(error: &SourceError) -> bool {
+    matches!(
+        error,
+        SourceError::Cluster {
+            reason: "unauthorized" | "tls",
+            ..
+        }
+    )
+}
+
+/// `error`, with what the agent knows of its own credentials when they are the likely cause:
+/// an expired client certificate, or the CA the server's certificate was checked against.
+fn with_credentials_hint(error: SourceError, current: &Current) -> SourceError {
+    let SourceError::Cluster {
+        spec,
+        reason,
+        error,
+    } = error
+    else {
+        return error;
+    };
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let hint = match reason {
+        "unauthorized" => current.client_certificate().and_then(|cert| {
+            cert.is_expired_at(now).then(|| {
+                format!(
+                    " (the client certificate in use, {}, expired at {}: the agent reads the credentials again and uses the new certificate as soon as it is on disk)",
+                    current.client_certificate_origin.as_deref().unwrap_or("?"),
+                    crate::commands::rfc3339(cert.not_after)
+                )
+            })
+        }),
+        "tls" => current
+            .ca_origin
+            .as_deref()
+            .map(|ca| format!(" (trusted for it: {ca})")),
+        _ => None,
+    };
+    SourceError::Cluster {
+        spec,
+        reason,
+        error: format!("{error}{}", hint.unwrap_or_default()),
     }
 }
 
@@ -262,19 +339,20 @@ fn printable(text: &str) -> String {
     }
 }
 
-/// `request`, unless it takes longer than [`REQUEST_DEADLINE`].
+/// `request` to `server`, unless it takes longer than [`REQUEST_DEADLINE`].
 async fn within<T>(
     spec: &str,
+    server: &str,
     what: &str,
     request: impl Future<Output = kube::Result<T>>,
 ) -> Result<T, SourceError> {
     match tokio::time::timeout(REQUEST_DEADLINE, request).await {
-        Ok(answer) => answer.map_err(|e| cluster_error(spec, &e)),
+        Ok(answer) => answer.map_err(|e| cluster_error(spec, server, &e)),
         Err(_) => Err(SourceError::Cluster {
             spec: spec.to_string(),
             reason: "no_answer",
             error: format!(
-                "the API server took the {what} request and sent no answer within {}s (hung, or a proxy in the way is)",
+                "{server}: the API server took the {what} request and sent no answer within {}s (hung, or a proxy in the way is)",
                 REQUEST_DEADLINE.as_secs()
             ),
         }),
@@ -284,6 +362,7 @@ async fn within<T>(
 /// Reads a cluster source once (for `sync`): one list of the named object, with a deadline.
 pub async fn read_once(
     client: &Client,
+    server: &str,
     spec: &SourceSpec,
 ) -> Result<SourceCertificates, SourceError> {
     let name = spec.to_string();
@@ -294,13 +373,14 @@ pub async fn read_once(
             keys,
         } => {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-            let configmap = list_one(api, object, &name).await?;
+            let configmap = list_one(api, server, object, &name).await?;
             parse_parts(&name, configmap_parts(&name, &configmap, keys)?)
         }
         SourceSpec::ControllerConfig { name: object } => {
             let api: Api<DynamicObject> =
                 Api::all_with(client.clone(), &controllerconfig_resource());
-            let bundle = controllerconfig_bundle(&name, &list_one(api, object, &name).await?)?;
+            let bundle =
+                controllerconfig_bundle(&name, &list_one(api, server, object, &name).await?)?;
             parse_parts(&name, [(None, bundle.as_slice())])
         }
         _ => panic!("cluster::read_once called for local source {name}"),
@@ -313,12 +393,12 @@ fn selector(object: &str) -> String {
 
 /// The object named `object`, by a list with a field selector: the same request, and so the
 /// same RBAC, as the watch.
-async fn list_one<K>(api: Api<K>, object: &str, spec: &str) -> Result<K, SourceError>
+async fn list_one<K>(api: Api<K>, server: &str, object: &str, spec: &str) -> Result<K, SourceError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let params = ListParams::default().fields(&selector(object));
-    let list = within(spec, "list", api.list(&params)).await?;
+    let list = within(spec, server, "list", api.list(&params)).await?;
     list.items.into_iter().next().ok_or(SourceError::NotFound {
         spec: spec.to_string(),
     })
@@ -326,15 +406,24 @@ where
 
 /// Starts a watch of each cluster source among `sources`, each sending its changes with its
 /// position in `sources`.
-pub fn watch_sources(client: &Client, sources: &[SourceSpec], updates: &UnboundedSender<Update>) {
+pub fn watch_sources(
+    credentials: &Credentials,
+    sources: &[SourceSpec],
+    updates: &UnboundedSender<Update>,
+) {
     for (index, spec) in sources.iter().enumerate().filter(|(_, s)| s.is_cluster()) {
-        tokio::spawn(watch(client.clone(), index, spec.clone(), updates.clone()));
+        tokio::spawn(watch(
+            credentials.clone(),
+            index,
+            spec.clone(),
+            updates.clone(),
+        ));
     }
 }
 
 /// Watches one cluster source for as long as the process runs, sending every change.
 pub async fn watch(
-    client: Client,
+    credentials: Credentials,
     index: usize,
     spec: SourceSpec,
     updates: UnboundedSender<Update>,
@@ -349,17 +438,17 @@ pub async fn watch(
             name: object,
             keys,
         } => {
-            let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+            let api = |client| Api::<ConfigMap>::namespaced(client, namespace);
             let content = |cm: &ConfigMap| parse_parts(&name, configmap_parts(&name, cm, keys)?);
-            follow(api, object, &name, content, send).await;
+            follow(credentials, api, object, &name, content, send).await;
         }
         SourceSpec::ControllerConfig { name: object } => {
-            let api: Api<DynamicObject> = Api::all_with(client, &controllerconfig_resource());
+            let api = |client| Api::<DynamicObject>::all_with(client, &controllerconfig_resource());
             let content = |cc: &DynamicObject| {
                 let bundle = controllerconfig_bundle(&name, cc)?;
                 parse_parts(&name, [(None, bundle.as_slice())])
             };
-            follow(api, object, &name, content, send).await;
+            follow(credentials, api, object, &name, content, send).await;
         }
         _ => panic!("cluster::watch called for local source {name}"),
     }
@@ -369,15 +458,15 @@ pub async fn watch(
 /// watched: one list, then watches resumed from the last resourceVersion), sending what
 /// `content` makes of each state of it. `spec` names it in errors.
 pub async fn watch_configmap<T: Clone>(
-    client: Client,
+    credentials: Credentials,
     namespace: &str,
     name: &str,
     spec: &str,
     content: impl Fn(&ConfigMap) -> Result<T, SourceError>,
     send: impl Fn(Event<T>, Instant),
 ) {
-    let api: Api<ConfigMap> = Api::namespaced(client, namespace);
-    follow(api, name, spec, content, send).await;
+    let api = |client| Api::<ConfigMap>::namespaced(client, namespace);
+    follow(credentials, api, name, spec, content, send).await;
 }
 
 /// The object as last seen, kept to be sent again when a watch opens after a failure.
@@ -398,10 +487,12 @@ enum Phase<K> {
     List,
     /// Open a watch from `rv`: the list's, or the last event's or bookmark's.
     Watch { rv: String },
-    /// Reading an open watch, which has brought the object to `rv`.
+    /// Reading an open watch, which has brought the object to `rv`, made with the client of
+    /// credentials `generation`.
     Watching {
         rv: String,
         events: BoxStream<'static, kube::Result<WatchEvent<K>>>,
+        generation: u64,
     },
 }
 
@@ -417,8 +508,15 @@ enum Phase<K> {
 /// server together do not come back in step. A watch that opens again after a failure sends
 /// the object as last seen again: a resumed watch brings no event when nothing changed, and
 /// this is what tells the reconciler that the source is back.
+///
+/// Each request uses the newest client of `credentials`. When the credentials change, an
+/// open watch is resumed with the new client from the resourceVersion it had reached (no
+/// list); until there are any usable credentials, the source is reported down with why. A
+/// 401, or a server certificate the trusted CAs do not sign, makes the credentials be read
+/// again at once.
 async fn follow<K, T: Clone>(
-    api: Api<K>,
+    mut credentials: Credentials,
+    api_for: impl Fn(Client) -> Api<K>,
     object: &str,
     spec: &str,
     content: impl Fn(&K) -> Result<T, SourceError>,
@@ -460,11 +558,28 @@ async fn follow<K, T: Clone>(
         LastSeen::Missing => not_found(),
     };
     let mut phase = Phase::List;
-    // When the current watch opened.
+    // When the current watch opened, and when it was last heard from.
     let mut opened = tokio::time::Instant::now();
+    let mut heard = opened;
     loop {
+        // The newest client, for the next request.
+        let creds = credentials.mark_seen();
+        let Some(client) = creds.client.clone() else {
+            if creds.read {
+                let error = SourceError::Credentials {
+                    spec: spec.to_string(),
+                    problem: creds.why_none(),
+                };
+                send(Event::Failed(error), Instant::now());
+                down = true;
+            }
+            credentials.changed().await;
+            continue;
+        };
+        let server = creds.server.as_deref().unwrap_or("the API server");
+        let api = api_for(client);
         let failure = match phase {
-            Phase::List => match within(spec, "list", api.list(&list_params)).await {
+            Phase::List => match within(spec, server, "list", api.list(&list_params)).await {
                 Ok(list) => match list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
                     Some(rv) => {
                         let arrived = Instant::now();
@@ -487,24 +602,51 @@ async fn follow<K, T: Clone>(
                 },
                 Err(error) => Failure::then(Phase::List, error),
             },
-            Phase::Watch { rv } => match within(spec, "watch", api.watch(&watch_params, &rv)).await
-            {
-                Ok(events) => {
-                    if std::mem::take(&mut down) {
-                        send(state(&current), Instant::now());
+            Phase::Watch { rv } => {
+                match within(spec, server, "watch", api.watch(&watch_params, &rv)).await {
+                    Ok(events) => {
+                        if std::mem::take(&mut down) {
+                            send(state(&current), Instant::now());
+                        }
+                        opened = tokio::time::Instant::now();
+                        heard = opened;
+                        phase = Phase::Watching {
+                            rv,
+                            events: events.boxed(),
+                            generation: creds.generation,
+                        };
+                        continue;
                     }
-                    opened = tokio::time::Instant::now();
-                    phase = Phase::Watching {
-                        rv,
-                        events: events.boxed(),
+                    Err(error) => Failure::then(Phase::Watch { rv }, error),
+                }
+            }
+            Phase::Watching {
+                rv,
+                mut events,
+                generation,
+            } => {
+                let next = tokio::select! {
+                    next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => Some(next),
+                    () = credentials.changed() => None,
+                };
+                let Some(next) = next else {
+                    let now = credentials.current();
+                    let newer = now.client.is_some() && now.generation != generation;
+                    phase = if newer {
+                        // New credentials: the next request uses them. Resume from where
+                        // the watch was; the old one is dropped.
+                        Phase::Watch { rv }
+                    } else {
+                        Phase::Watching {
+                            rv,
+                            events,
+                            generation,
+                        }
                     };
                     continue;
-                }
-                Err(error) => Failure::then(Phase::Watch { rv }, error),
-            },
-            Phase::Watching { rv, mut events } => {
-                let next = tokio::time::timeout(WATCH_SILENCE, events.next()).await;
+                };
                 let arrived = Instant::now();
+                heard = tokio::time::Instant::now();
                 match next {
                     Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
                         backoff.reset();
@@ -512,7 +654,11 @@ async fn follow<K, T: Clone>(
                         let (event, last) = seen(Some(k));
                         current = last;
                         send(event, arrived);
-                        phase = Phase::Watching { rv, events };
+                        phase = Phase::Watching {
+                            rv,
+                            events,
+                            generation,
+                        };
                         continue;
                     }
                     Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
@@ -520,13 +666,21 @@ async fn follow<K, T: Clone>(
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
                         current = LastSeen::Missing;
                         send(not_found(), arrived);
-                        phase = Phase::Watching { rv, events };
+                        phase = Phase::Watching {
+                            rv,
+                            events,
+                            generation,
+                        };
                         continue;
                     }
                     Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
                         backoff.reset();
                         let rv = bookmark.metadata.resource_version;
-                        phase = Phase::Watching { rv, events };
+                        phase = Phase::Watching {
+                            rv,
+                            events,
+                            generation,
+                        };
                         continue;
                     }
                     // The server ended the watch (its timeout, or a connection that closed
@@ -548,7 +702,7 @@ async fn follow<K, T: Clone>(
                         Failure::then(Phase::Watch { rv }, status_error(spec, &status))
                     }
                     Ok(Some(Err(error))) => {
-                        Failure::then(Phase::Watch { rv }, cluster_error(spec, &error))
+                        Failure::then(Phase::Watch { rv }, cluster_error(spec, server, &error))
                     }
                     Err(_silent) => Failure::then(
                         Phase::Watch { rv },
@@ -556,7 +710,7 @@ async fn follow<K, T: Clone>(
                             spec: spec.to_string(),
                             reason: "watch_silent",
                             error: format!(
-                                "the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
+                                "{server}: the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
                                 WATCH_SILENCE.as_secs()
                             ),
                         },
@@ -564,10 +718,25 @@ async fn follow<K, T: Clone>(
                 }
             }
         };
-        send(Event::WatchRestart(failure.error), Instant::now());
+        if proves_stale(&failure.error) {
+            credentials.stale();
+        }
+        let error = with_credentials_hint(failure.error, &creds);
+        send(Event::WatchRestart(error), Instant::now());
         down = true;
         let delay = backoff.next().unwrap_or(BACKOFF_MAX);
-        tokio::time::sleep(delay).await;
+        // New credentials end the wait: they are likely what the failure was waiting for.
+        let generation = creds.generation;
+        let _ = tokio::time::timeout(delay, async {
+            loop {
+                credentials.changed().await;
+                let now = credentials.current();
+                if now.client.is_some() && now.generation != generation {
+                    return;
+                }
+            }
+        })
+        .await;
         phase = failure.next;
     }
 }

@@ -158,6 +158,9 @@ pub enum SourceError {
     /// The object does not exist, or was deleted.
     #[error("source {spec}: the object does not exist (deleted, or not created yet)")]
     NotFound { spec: String },
+    /// The agent has no usable credentials for the API server (yet).
+    #[error("source {spec}: no usable credentials for the API server: {problem}")]
+    Credentials { spec: String, problem: String },
     /// The API server could not be asked, or refused.
     #[error("source {spec}: {error}")]
     Cluster {
@@ -179,6 +182,7 @@ impl SourceError {
             SourceError::Rejected { rejection, .. } => rejection.reason(),
             SourceError::Invalid { reason, .. } | SourceError::Cluster { reason, .. } => reason,
             SourceError::NotFound { .. } => "not_found",
+            SourceError::Credentials { .. } => "credentials",
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Change notifications for the files the daemon cares about, through inotify: the managed
-//! bundle (drift) and the `file:` and `dir:` sources. Directories are watched, not files,
+//! Change notifications for the files the agent cares about, through inotify: the managed
+//! bundle (drift), the `file:` and `dir:` sources, the endpoint's TLS files and the agent's
+//! own credentials (each user of this module runs its own watcher over its own files). Directories are watched, not files,
 //! so that a rename over a file, a delete and re-create, or a projected volume swapping its
 //! `..data` link are all seen.
 //!
@@ -46,6 +47,8 @@ pub enum FsEvent {
     /// A file of the endpoint's TLS configuration (serving certificate, key, client CA)
     /// changed. Sent to the server's reloader, not to the loop.
     Tls,
+    /// The kubeconfig, or a file it names, changed (settled).
+    Credentials,
 }
 
 /// The directories to watch and what their entries mean.
@@ -56,6 +59,8 @@ pub struct Plan {
     sources: Vec<(usize, SourceWatch)>,
     /// The endpoint's TLS files.
     tls: Vec<PathBuf>,
+    /// The kubeconfig and the files it names (and the targets of those that are links).
+    credentials: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -95,6 +100,7 @@ impl Plan {
             bundle: bundle.map(absolute),
             sources,
             tls: Vec::new(),
+            credentials: Vec::new(),
         }
     }
 
@@ -104,6 +110,12 @@ impl Plan {
             .iter()
             .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
             .collect();
+        self
+    }
+
+    /// Also watch the agent's credentials.
+    pub fn with_credential_files(mut self, files: &[PathBuf]) -> Plan {
+        self.credentials = files.to_vec();
         self
     }
 
@@ -129,6 +141,11 @@ impl Plan {
         for file in &self.tls {
             dirs.entry(parent_dir(file))
                 .or_insert_with(|| format!("the directory of the TLS file {}", file.display()));
+        }
+        for file in &self.credentials {
+            dirs.entry(parent_dir(file)).or_insert_with(|| {
+                format!("the directory of the credential file {}", file.display())
+            });
         }
         dirs
     }
@@ -165,6 +182,12 @@ impl Plan {
         });
         if tls && settled {
             events.push(FsEvent::Tls);
+        }
+        let credentials = self.credentials.iter().any(|file| {
+            dir == parent_dir(file) && (Some(name) == file.file_name() || name == PROJECTED_DATA)
+        });
+        if credentials && settled {
+            events.push(FsEvent::Credentials);
         }
         events
     }

@@ -1,0 +1,649 @@
+//! Reading the agent's credentials for the API server from disk, once: the kubeconfig (or the
+//! pod's service account) and every file it names, each checked the way the client would
+//! use it, into a [`kube::Config`] built from exactly the bytes that were checked.
+//!
+//! The files are read here rather than by kube-rs because kube-rs reads a client certificate
+//! and a CA file once, when the client is built, and from then on knows nothing of them. Read
+//! here, the same bytes give the fingerprint that tells a change, the certificates that the
+//! metrics show, and the checks that keep a client from being built from half of a rotation
+//! (a new certificate with the old key).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
+
+use crate::bundle::Certificate;
+use crate::fsutil::{self, Links};
+
+/// Where an in-cluster pod finds its service account's token and the API server's CA.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// A kubeconfig or a file it names is a few KiB; anything this large is not one.
+const MAX_FILE_BYTES: usize = 1 << 20;
+
+/// Where the credentials come from. Decided once, at start; what the files hold is read
+/// again whenever they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Kubeconfig files, merged in order as kubectl merges them.
+    Kubeconfig {
+        paths: Vec<PathBuf>,
+        /// How the paths were chosen, for messages: `--kubeconfig`, `$KUBECONFIG`, ...
+        chosen_by: &'static str,
+    },
+    /// The pod's service account: the API server from the environment, the token and CA
+    /// from [`SERVICE_ACCOUNT_DIR`].
+    InCluster { server: String, dir: PathBuf },
+}
+
+impl Origin {
+    /// `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`, else `~/.kube/config`
+    /// (SPEC 3). A file that does not exist yet is still the origin: on a new node the
+    /// kubelet writes its kubeconfig after the agent has started.
+    pub fn resolve(explicit: Option<&Path>) -> Result<Origin, String> {
+        if let Some(path) = explicit {
+            return Ok(Origin::Kubeconfig {
+                paths: vec![absolute(path)],
+                chosen_by: "--kubeconfig",
+            });
+        }
+        let env = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if let (Some(host), Some(port)) = (
+            env("KUBERNETES_SERVICE_HOST"),
+            env("KUBERNETES_SERVICE_PORT"),
+        ) {
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host
+            };
+            return Ok(Origin::InCluster {
+                server: format!("https://{host}:{port}"),
+                dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+            });
+        }
+        if let Some(value) = std::env::var_os("KUBECONFIG") {
+            let paths: Vec<PathBuf> = std::env::split_paths(&value)
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| absolute(&p))
+                .collect();
+            if !paths.is_empty() {
+                return Ok(Origin::Kubeconfig {
+                    paths,
+                    chosen_by: "$KUBECONFIG",
+                });
+            }
+        }
+        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(home) => Ok(Origin::Kubeconfig {
+                paths: vec![PathBuf::from(home).join(".kube").join("config")],
+                chosen_by: "the default ~/.kube/config",
+            }),
+            None => Err(
+                "no --kubeconfig, no in-cluster service account, no $KUBECONFIG and no $HOME: pass --kubeconfig"
+                    .to_string(),
+            ),
+        }
+    }
+
+    /// What the origin is, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Origin::Kubeconfig { paths, chosen_by } => format!(
+                "kubeconfig {} ({chosen_by})",
+                join_paths(paths.iter().map(PathBuf::as_path))
+            ),
+            Origin::InCluster { dir, .. } => {
+                format!("the pod's service account in {}", dir.display())
+            }
+        }
+    }
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+fn join_paths<'a>(paths: impl Iterator<Item = &'a Path>) -> String {
+    paths
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Why the credentials on disk cannot be used now: the file, and what is wrong with it.
+/// Never carries a key, a token or a certificate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{problem}")]
+pub struct CredentialError {
+    pub problem: String,
+}
+
+fn fail<T>(problem: impl Into<String>) -> Result<T, CredentialError> {
+    Err(CredentialError {
+        problem: problem.into(),
+    })
+}
+
+/// A certificate the agent presents or trusts for the API server, and where it came from:
+/// what the `x509_cert_*` series of the agent's own identity are made of.
+#[derive(Debug, Clone)]
+pub struct HeldCertificate {
+    /// The file it was read from (the kubeconfig, when it is embedded there).
+    pub filepath: String,
+    /// `user` for the client certificate, `cluster` for a CA trusted for the server.
+    pub kind: &'static str,
+    /// The kubeconfig's name for that user or cluster (empty in-cluster).
+    pub key: String,
+    pub certificate: Certificate,
+}
+
+/// The credentials, read and checked.
+pub struct Loaded {
+    pub config: kube::Config,
+    /// SHA-256 over every byte the credentials were made from: a change to any file
+    /// changes it.
+    pub fingerprint: [u8; 32],
+    /// The API server, as the client will reach it (`https://HOST:PORT`).
+    pub server: String,
+    /// Where the CA trusted for the server came from, for messages (a file, the kubeconfig,
+    /// or the system's roots).
+    pub ca_origin: String,
+    /// Where the client certificate came from, when there is one.
+    pub client_certificate_origin: Option<String>,
+    pub held: Vec<HeldCertificate>,
+}
+
+/// One reading of the credentials: the files that matter (to be watched, whether or not
+/// they could be read) and what they gave.
+pub struct Attempt {
+    pub files: BTreeSet<PathBuf>,
+    pub result: Result<Loaded, CredentialError>,
+}
+
+/// Reads and checks the credentials of `origin`. Blocking file I/O.
+pub fn load(origin: &Origin) -> Attempt {
+    let mut reader = Reader::default();
+    let result = match origin {
+        Origin::Kubeconfig { paths, chosen_by } => reader.kubeconfig(paths, chosen_by),
+        Origin::InCluster { server, dir } => reader.in_cluster(server, dir),
+    };
+    Attempt {
+        files: reader.files,
+        result,
+    }
+}
+
+/// Reads files, remembering each one (to watch it) and hashing what it read.
+#[derive(Default)]
+struct Reader {
+    files: BTreeSet<PathBuf>,
+    hash: Sha256,
+}
+
+impl Reader {
+    /// The bytes of `path` (`what` names its role in messages). A symbolic link is followed,
+    /// and its target watched too: the kubelet's `kubelet-client-current.pem` is one.
+    fn read(&mut self, path: &Path, what: &str) -> Result<Vec<u8>, CredentialError> {
+        self.files.insert(path.to_path_buf());
+        if let Ok(target) = std::fs::canonicalize(path)
+            && target != path
+        {
+            self.files.insert(target);
+        }
+        let shown = path.display();
+        let bytes = match fsutil::open_regular(path, Links::Follow) {
+            Ok(Ok((file, _))) => {
+                fsutil::read_bounded(file, MAX_FILE_BYTES).map_err(|e| CredentialError {
+                    problem: format!("{what} {shown}: cannot read it: {e}"),
+                })?
+            }
+            Ok(Err(kind)) => return fail(format!("{what} {shown} is {kind}, not a file")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return fail(format!("{what} {shown} does not exist"));
+            }
+            Err(e) => return fail(format!("{what} {shown}: cannot read it: {e}")),
+        };
+        if bytes.len() > MAX_FILE_BYTES {
+            return fail(format!(
+                "{what} {shown} is larger than {} KiB: not a {what}",
+                MAX_FILE_BYTES / 1024
+            ));
+        }
+        self.note(path.as_os_str().as_encoded_bytes(), &bytes);
+        Ok(bytes)
+    }
+
+    /// Counts `bytes` (under `name`) into the fingerprint.
+    fn note(&mut self, name: &[u8], bytes: &[u8]) {
+        for part in [name, bytes] {
+            self.hash.update((part.len() as u64).to_be_bytes());
+            self.hash.update(part);
+        }
+    }
+
+    fn kubeconfig(
+        &mut self,
+        paths: &[PathBuf],
+        chosen_by: &str,
+    ) -> Result<Loaded, CredentialError> {
+        let mut merged: Option<Kubeconfig> = None;
+        for path in paths {
+            let bytes = self.read(path, "kubeconfig").map_err(|e| {
+                let hint = if chosen_by == "--kubeconfig" && e.problem.ends_with("does not exist")
+                {
+                    " yet (on a new node the kubelet writes its kubeconfig after its TLS bootstrap; the agent waits for it)"
+                } else {
+                    ""
+                };
+                CredentialError {
+                    problem: format!("{}{hint}", e.problem),
+                }
+            })?;
+            let text = String::from_utf8(bytes)
+                .or_else(|_| fail(format!("kubeconfig {}: not UTF-8 text", path.display())))?;
+            let mut config = Kubeconfig::from_yaml(&text).or_else(|e| {
+                fail(format!(
+                    "kubeconfig {} is not a valid kubeconfig{} (half written?)",
+                    path.display(),
+                    yaml_location(&e.to_string())
+                ))
+            })?;
+            relative_to(&mut config, path);
+            merged = Some(match merged {
+                None => config,
+                Some(m) => m.merge(config).or_else(|e| {
+                    fail(format!(
+                        "kubeconfig {}: cannot merge it: {e}",
+                        path.display()
+                    ))
+                })?,
+            });
+        }
+        let mut config = merged.unwrap_or_default();
+        let source = join_paths(paths.iter().map(PathBuf::as_path));
+        let (cluster_name, user_name) = current(&config, &source)?;
+        let mut held = Vec::new();
+
+        let cluster = config
+            .clusters
+            .iter_mut()
+            .find(|c| c.name == cluster_name)
+            .and_then(|c| c.cluster.as_mut())
+            .ok_or_else(|| CredentialError {
+                problem: format!("kubeconfig {source}: no cluster named {cluster_name:?}"),
+            })?;
+        let Some(server) = cluster.server.clone().filter(|s| !s.is_empty()) else {
+            return fail(format!(
+                "kubeconfig {source}: cluster {cluster_name:?} has no server"
+            ));
+        };
+        let ca_origin = match (
+            cluster.certificate_authority.take(),
+            cluster.certificate_authority_data.take(),
+        ) {
+            (_, Some(data)) if !data.is_empty() => {
+                let where_ = format!(
+                    "certificate-authority-data of cluster {cluster_name:?} in kubeconfig {source}"
+                );
+                let bytes = decode(&data, &where_)?;
+                self.note(b"certificate-authority-data", &bytes);
+                held.extend(cas(&bytes, &where_, &source, &cluster_name)?);
+                cluster.certificate_authority_data = Some(base64(&bytes));
+                where_
+            }
+            (Some(file), _) if !file.is_empty() => {
+                let path = PathBuf::from(&file);
+                let bytes = self.read(&path, "certificate-authority")?;
+                let where_ = format!("certificate-authority {file}");
+                held.extend(cas(&bytes, &where_, &file, &cluster_name)?);
+                cluster.certificate_authority_data = Some(base64(&bytes));
+                where_
+            }
+            _ if cluster.insecure_skip_tls_verify == Some(true) => {
+                "nothing (insecure-skip-tls-verify)".to_string()
+            }
+            _ => "the system's trusted roots".to_string(),
+        };
+
+        let user = config
+            .auth_infos
+            .iter_mut()
+            .find(|u| u.name == user_name)
+            .and_then(|u| u.auth_info.as_mut())
+            .ok_or_else(|| CredentialError {
+                problem: format!("kubeconfig {source}: no user named {user_name:?}"),
+            })?;
+        let cert = match (
+            user.client_certificate.take(),
+            user.client_certificate_data.take(),
+        ) {
+            (_, Some(data)) if !data.is_empty() => {
+                let where_ =
+                    format!("client-certificate-data of user {user_name:?} in kubeconfig {source}");
+                let bytes = decode(&data, &where_)?;
+                self.note(b"client-certificate-data", &bytes);
+                Some((bytes, where_, source.clone()))
+            }
+            (Some(file), _) if !file.is_empty() => {
+                let bytes = self.read(Path::new(&file), "client-certificate")?;
+                Some((bytes, format!("client-certificate {file}"), file))
+            }
+            _ => None,
+        };
+        let key = match (user.client_key.take(), user.client_key_data.take()) {
+            (_, Some(data)) if !data.expose_secret().is_empty() => {
+                let where_ =
+                    format!("client-key-data of user {user_name:?} in kubeconfig {source}");
+                let bytes = decode(data.expose_secret(), &where_)?;
+                self.note(b"client-key-data", &bytes);
+                Some((bytes, where_))
+            }
+            (Some(file), _) if !file.is_empty() => {
+                let bytes = self.read(Path::new(&file), "client-key")?;
+                Some((bytes, format!("client-key {file}")))
+            }
+            _ => None,
+        };
+        let client_certificate_origin = match (cert, key) {
+            (None, None) => None,
+            (Some((_, where_, _)), None) => {
+                return fail(format!("{where_} has no client key beside it"));
+            }
+            (None, Some((_, where_))) => {
+                return fail(format!("{where_} has no client certificate beside it"));
+            }
+            (Some((cert, cert_where, filepath)), Some((key, key_where))) => {
+                let leaf = pair(&cert, &cert_where, &key, &key_where)?;
+                held.push(HeldCertificate {
+                    filepath,
+                    kind: "user",
+                    key: user_name.clone(),
+                    certificate: leaf,
+                });
+                user.client_certificate_data = Some(base64(&cert));
+                user.client_key_data = Some(SecretString::from(base64(&key)));
+                Some(cert_where)
+            }
+        };
+        if let Some(file) = user.token_file.take().filter(|f| !f.is_empty()) {
+            let bytes = self.read(Path::new(&file), "tokenFile")?;
+            user.token = Some(token(&bytes, &format!("tokenFile {file}"))?);
+        } else if let Some(token) = &user.token {
+            self.note(b"token", token.expose_secret().as_bytes());
+        }
+
+        let options = KubeConfigOptions {
+            context: config.current_context.clone(),
+            ..Default::default()
+        };
+        let config =
+            futures::executor::block_on(kube::Config::from_custom_kubeconfig(config, &options))
+                .or_else(|e| fail(format!("kubeconfig {source} is not usable: {e}")))?;
+        Ok(self.finish(config, server, ca_origin, client_certificate_origin, held))
+    }
+
+    fn in_cluster(&mut self, server: &str, dir: &Path) -> Result<Loaded, CredentialError> {
+        let ca_path = dir.join("ca.crt");
+        let token_path = dir.join("token");
+        let ca = self.read(&ca_path, "service account CA")?;
+        let where_ = format!("service account CA {}", ca_path.display());
+        let held = cas(&ca, &where_, &ca_path.display().to_string(), "")?;
+        let token_bytes = self.read(&token_path, "service account token")?;
+        let token = token(
+            &token_bytes,
+            &format!("service account token {}", token_path.display()),
+        )?;
+        let namespace = std::fs::read_to_string(dir.join("namespace"))
+            .map(|n| n.trim().to_string())
+            .unwrap_or_default();
+        self.note(b"server", server.as_bytes());
+        let cluster_url = server
+            .parse()
+            .or_else(|_| fail(format!("the in-cluster API server {server:?} is not a URL")))?;
+        let mut config = kube::Config::new(cluster_url);
+        config.root_cert = Some(
+            CertificateDer::pem_slice_iter(&ca)
+                .filter_map(Result::ok)
+                .map(|c| c.to_vec())
+                .collect(),
+        );
+        config.auth_info.token = Some(token);
+        if !namespace.is_empty() {
+            config.default_namespace = namespace;
+        }
+        Ok(self.finish(config, server.to_string(), where_, None, held))
+    }
+
+    fn finish(
+        &mut self,
+        mut config: kube::Config,
+        server: String,
+        ca_origin: String,
+        client_certificate_origin: Option<String>,
+        held: Vec<HeldCertificate>,
+    ) -> Loaded {
+        // No hidden retries inside the client: kube-rs would retry a 429, 503 or 504 up to
+        // 15 times over minutes, during which the source would look up. The watch loop has
+        // its own backoff with jitter, reports each failure, and `sync` fails fast.
+        config.default_retry = false;
+        let hash = std::mem::take(&mut self.hash);
+        Loaded {
+            config,
+            fingerprint: hash.finalize().into(),
+            server: server.trim_end_matches('/').to_string(),
+            ca_origin,
+            client_certificate_origin,
+            held,
+        }
+    }
+}
+
+/// The cluster and user of the current context.
+fn current(config: &Kubeconfig, source: &str) -> Result<(String, String), CredentialError> {
+    let Some(name) = config.current_context.as_deref().filter(|c| !c.is_empty()) else {
+        return fail(format!("kubeconfig {source} has no current-context"));
+    };
+    let context = config
+        .contexts
+        .iter()
+        .find(|c| c.name == name)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| CredentialError {
+            problem: format!(
+                "kubeconfig {source}: current-context {name:?} is not among its contexts"
+            ),
+        })?;
+    Ok((
+        context.cluster.clone(),
+        context.user.clone().unwrap_or_default(),
+    ))
+}
+
+/// Paths in a kubeconfig are relative to the file, as kubectl reads them.
+fn relative_to(config: &mut Kubeconfig, path: &Path) {
+    let Some(dir) = path.parent() else { return };
+    let fix = |field: &mut Option<String>| {
+        if let Some(file) = field.as_mut()
+            && !file.is_empty()
+            && Path::new(file).is_relative()
+        {
+            *file = dir.join(&*file).display().to_string();
+        }
+    };
+    for cluster in config
+        .clusters
+        .iter_mut()
+        .filter_map(|c| c.cluster.as_mut())
+    {
+        fix(&mut cluster.certificate_authority);
+    }
+    for user in config
+        .auth_infos
+        .iter_mut()
+        .filter_map(|u| u.auth_info.as_mut())
+    {
+        fix(&mut user.client_certificate);
+        fix(&mut user.client_key);
+        fix(&mut user.token_file);
+    }
+}
+
+/// Where a YAML error is (" at line L column C"), without its text: a parser's message can
+/// quote the content, and a kubeconfig holds keys and tokens.
+fn yaml_location(message: &str) -> String {
+    let number_after = |word: &str| {
+        let at = message.find(word)? + word.len();
+        let digits: String = message[at..]
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        (!digits.is_empty()).then_some(digits)
+    };
+    match (number_after("line"), number_after("column")) {
+        (Some(line), Some(column)) => format!(" (at line {line}, column {column})"),
+        (Some(line), None) => format!(" (at line {line})"),
+        _ => String::new(),
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn decode(data: &str, where_: &str) -> Result<Vec<u8>, CredentialError> {
+    let compact: Vec<u8> = data.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(compact)
+        .or_else(|_| fail(format!("{where_} is not valid base64")))
+}
+
+/// The CA certificates of a bundle trusted for the API server: at least one, each parsed.
+fn cas(
+    bytes: &[u8],
+    where_: &str,
+    filepath: &str,
+    cluster: &str,
+) -> Result<Vec<HeldCertificate>, CredentialError> {
+    let mut held = Vec::new();
+    for (index, der) in CertificateDer::pem_slice_iter(bytes).enumerate() {
+        let der = der.or_else(|_| {
+            fail(format!(
+                "{where_}: block {} is not a whole PEM certificate (half written?)",
+                index + 1
+            ))
+        })?;
+        let certificate = Certificate::from_der(&der).or_else(|e| {
+            fail(format!(
+                "{where_}: certificate {} does not parse: {e}",
+                index + 1
+            ))
+        })?;
+        held.push(HeldCertificate {
+            filepath: filepath.to_string(),
+            kind: "cluster",
+            key: cluster.to_string(),
+            certificate,
+        });
+    }
+    if held.is_empty() {
+        return fail(format!("{where_} holds no PEM certificate"));
+    }
+    Ok(held)
+}
+
+/// A client certificate and its key: both parse, and the key is the certificate's. Returns
+/// the leaf certificate.
+fn pair(
+    cert: &[u8],
+    cert_where: &str,
+    key: &[u8],
+    key_where: &str,
+) -> Result<Certificate, CredentialError> {
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .or_else(|_| {
+            fail(format!(
+                "{cert_where} is not a whole PEM certificate (half written?)"
+            ))
+        })?;
+    let Some(leaf) = chain.first() else {
+        return fail(format!("{cert_where} holds no PEM certificate"));
+    };
+    let certificate = Certificate::from_der(leaf)
+        .or_else(|e| fail(format!("{cert_where}: the certificate does not parse: {e}")))?;
+    // The error never carries the key's bytes: only where it is and what is wrong.
+    let key = PrivateKeyDer::from_pem_slice(key).or_else(|_| {
+        fail(format!(
+            "{key_where} holds no whole PEM private key (half written?)"
+        ))
+    })?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider.key_provider.load_private_key(key).or_else(|_| {
+        fail(format!(
+            "{key_where}: a private key of a kind the client cannot use"
+        ))
+    })?;
+    rustls::sign::CertifiedKey::new(chain, signing)
+        .keys_match()
+        .or_else(|_| {
+            fail(format!(
+                "{cert_where} and {key_where} do not go together: the key is not the certificate's (a rotation half done?)"
+            ))
+        })?;
+    Ok(certificate)
+}
+
+fn token(bytes: &[u8], where_: &str) -> Result<SecretString, CredentialError> {
+    let text = std::str::from_utf8(bytes)
+        .ok()
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    match text {
+        Some(t) if t.bytes().all(|b| b.is_ascii_graphic()) => Ok(SecretString::from(t.to_string())),
+        Some(_) => fail(format!(
+            "{where_} holds characters a bearer token cannot have"
+        )),
+        None => fail(format!("{where_} is empty")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_errors_keep_the_place_and_drop_the_text() {
+        assert_eq!(
+            yaml_location("invalid type: found token: s3cr3t at line 12 column 9"),
+            " (at line 12, column 9)"
+        );
+        assert_eq!(yaml_location("did not find expected key"), "");
+    }
+
+    #[test]
+    fn an_explicit_kubeconfig_is_the_origin_even_before_it_exists() {
+        let origin = Origin::resolve(Some(Path::new("/nonexistent/kubeconfig"))).unwrap();
+        assert_eq!(
+            origin,
+            Origin::Kubeconfig {
+                paths: vec![PathBuf::from("/nonexistent/kubeconfig")],
+                chosen_by: "--kubeconfig"
+            }
+        );
+        let attempt = load(&origin);
+        let problem = attempt.result.err().unwrap().problem;
+        assert!(
+            problem.starts_with("kubeconfig /nonexistent/kubeconfig does not exist yet"),
+            "{problem}"
+        );
+        assert!(attempt.files.contains(Path::new("/nonexistent/kubeconfig")));
+    }
+}

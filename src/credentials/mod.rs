@@ -1,0 +1,295 @@
+//! The agent's own credentials for the API server, followed for as long as it runs: the
+//! kubeconfig (or the pod's service account) and every file it names. A change to any of
+//! them, the once-a-minute re-reading, or an answer that proves them stale (a 401, a server
+//! certificate the trusted CA does not sign) reads them again; when what they hold has
+//! changed, a new client is built and every user of the client takes it for its next request.
+//!
+//! Credentials that cannot be used (missing at first boot, half written, a certificate that
+//! does not go with its key) never end the process: the last good client is kept, and until
+//! there is one the cluster sources report why they are down. The kubelet's client
+//! certificate rotates every few weeks, and the API server's CA now and then; kube-rs reads
+//! both once, when a client is built, so it is here that they are followed.
+
+pub mod load;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::files::{self, FsEvent, Plan};
+pub use load::{HeldCertificate, Origin};
+
+/// The credentials are read again this often, whatever inotify says.
+pub const REREAD_EVERY: Duration = Duration::from_secs(60);
+/// Credentials that could not be used are read again from 1 s, doubling, up to a minute:
+/// as a local source is (a file being written is usually whole within a second).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+/// A writer's create+write+close, or a certificate and key replaced together: one reading.
+const SETTLE: Duration = Duration::from_millis(5);
+/// An answer proving the credentials stale reads them again at most this often.
+const STALE_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The client as the credentials on disk allow now.
+#[derive(Clone, Default)]
+pub struct Current {
+    /// The client of the last good credentials; `None` until there have been any.
+    pub client: Option<kube::Client>,
+    /// Counts the clients built: a watch opened on an older one is resumed on this one.
+    pub generation: u64,
+    /// Why the credentials on disk cannot be used now (a client, if any, is the last good one).
+    pub problem: Option<String>,
+    /// Whether the credentials have been read at least once (before that, nothing is known
+    /// and nothing is reported).
+    pub read: bool,
+    /// The API server (`https://HOST:PORT`), once known.
+    pub server: Option<String>,
+    /// Where the CA trusted for the server comes from.
+    pub ca_origin: Option<String>,
+    /// Where the client certificate comes from, when there is one.
+    pub client_certificate_origin: Option<String>,
+    /// The certificates of the client in use: the one it presents and the CAs it trusts.
+    pub held: Arc<[HeldCertificate]>,
+}
+
+impl Current {
+    /// The client certificate in use, when there is one.
+    pub fn client_certificate(&self) -> Option<&crate::bundle::Certificate> {
+        self.held
+            .iter()
+            .find(|h| h.kind == "user")
+            .map(|h| &h.certificate)
+    }
+
+    /// Why there is no client, for a message.
+    pub fn why_none(&self) -> String {
+        self.problem
+            .clone()
+            .unwrap_or_else(|| "the credentials have not been read yet".to_string())
+    }
+}
+
+/// A handle on the followed credentials: cheap to clone, one per user of the client.
+#[derive(Clone)]
+pub struct Credentials {
+    current: watch::Receiver<Arc<Current>>,
+    stale: Arc<Notify>,
+    origin: Arc<Origin>,
+}
+
+impl Credentials {
+    /// Starts following the credentials of `origin` (on the current runtime). The first
+    /// reading is under way when this returns; [`Credentials::ready`] waits for it.
+    pub fn follow(origin: Origin) -> Credentials {
+        let (tx, current) = watch::channel(Arc::new(Current::default()));
+        let stale = Arc::new(Notify::new());
+        let origin = Arc::new(origin);
+        tokio::spawn(follow(origin.clone(), tx, stale.clone()));
+        Credentials {
+            current,
+            stale,
+            origin,
+        }
+    }
+
+    /// Where the credentials come from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// The client and what is known of the credentials, now.
+    pub fn current(&self) -> Arc<Current> {
+        self.current.borrow().clone()
+    }
+
+    /// The client to use for the next request, or why there is none.
+    pub fn client(&self) -> Result<kube::Client, String> {
+        let current = self.current();
+        current.client.clone().ok_or_else(|| current.why_none())
+    }
+
+    /// Waits until the credentials change (a new client, or a new problem). Returns at once
+    /// the first time for a state this handle has not seen; never returns once the follower
+    /// is gone.
+    pub async fn changed(&mut self) {
+        if self.current.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        self.current.borrow_and_update();
+    }
+
+    /// Marks the current state as seen, so that [`Credentials::changed`] waits for the next.
+    pub fn mark_seen(&mut self) -> Arc<Current> {
+        self.current.borrow_and_update().clone()
+    }
+
+    /// Waits until the credentials have been read once.
+    pub async fn ready(&mut self) -> Arc<Current> {
+        let _ = self.current.wait_for(|c| c.read).await;
+        self.current()
+    }
+
+    /// An answer proved the credentials stale (a 401, or a server certificate that the
+    /// trusted CA does not sign): read them again now.
+    pub fn stale(&self) {
+        self.stale.notify_one();
+    }
+}
+
+/// Reads the credentials once, for a one-shot command, with the same checks as the
+/// follower. Blocking file I/O.
+pub fn read_once(origin: &Origin) -> Result<load::Loaded, load::CredentialError> {
+    load::load(origin).result
+}
+
+/// The follower: reads, publishes, watches the files, and reads again.
+async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc<Notify>) {
+    let (fs_tx, mut fs_rx) = mpsc::unbounded_channel();
+    let mut watching: Option<(BTreeSet<PathBuf>, tokio::task::JoinHandle<()>)> = None;
+    let mut fingerprint: Option<[u8; 32]> = None;
+    let mut retry_delay = RETRY_FIRST;
+    let mut retry_at: Option<Instant>;
+    let mut reread_at = Instant::now() + REREAD_EVERY;
+    let mut last_stale: Option<Instant> = None;
+    loop {
+        let attempt = {
+            let origin = origin.clone();
+            match tokio::task::spawn_blocking(move || load::load(&origin)).await {
+                Ok(attempt) => attempt,
+                Err(_) => return,
+            }
+        };
+        // Watch what matters now: a kubeconfig that appeared may name files not seen before.
+        if watching.as_ref().map(|(files, _)| files) != Some(&attempt.files) {
+            if let Some((_, task)) = watching.take() {
+                task.abort();
+            }
+            let files: Vec<PathBuf> = attempt.files.iter().cloned().collect();
+            let plan = Plan::new(None, &[]).with_credential_files(&files);
+            let task = tokio::spawn(files::run(plan, fs_tx.clone(), None));
+            watching = Some((attempt.files, task));
+        }
+        match attempt.result {
+            Ok(loaded) => {
+                retry_delay = RETRY_FIRST;
+                retry_at = None;
+                if fingerprint != Some(loaded.fingerprint) {
+                    match kube::Client::try_from(loaded.config) {
+                        Ok(client) => {
+                            fingerprint = Some(loaded.fingerprint);
+                            let previous = tx.borrow().clone();
+                            log_new(&origin, &previous, &loaded.held, &loaded.server);
+                            tx.send_replace(Arc::new(Current {
+                                client: Some(client),
+                                generation: previous.generation + 1,
+                                problem: None,
+                                read: true,
+                                server: Some(loaded.server),
+                                ca_origin: Some(loaded.ca_origin),
+                                client_certificate_origin: loaded.client_certificate_origin,
+                                held: loaded.held.into(),
+                            }));
+                        }
+                        Err(e) => report(
+                            &tx,
+                            &origin,
+                            format!("cannot build a client from {}: {e}", origin.describe()),
+                        ),
+                    }
+                } else if tx.borrow().problem.is_some() {
+                    // The same credentials as the client in use, usable again.
+                    tracing::info!("the credentials on disk are usable again (unchanged)");
+                    tx.send_modify(|c| Arc::make_mut(c).problem = None);
+                }
+            }
+            Err(error) => {
+                report(&tx, &origin, error.problem);
+                retry_at = Some(Instant::now() + retry_delay);
+                retry_delay = (retry_delay * 2).min(RETRY_MAX);
+            }
+        }
+        // Wait for a reason to read them again.
+        loop {
+            let deadline = retry_at.map_or(reread_at, |r| r.min(reread_at));
+            tokio::select! {
+                event = fs_rx.recv() => match event {
+                    Some(FsEvent::Credentials | FsEvent::Rescan) => {
+                        tokio::time::sleep(SETTLE).await;
+                        while fs_rx.try_recv().is_ok() {}
+                        break;
+                    }
+                    Some(_) => continue,
+                    None => return,
+                },
+                () = stale.notified() => {
+                    let now = Instant::now();
+                    if let Some(last) = last_stale
+                        && now.duration_since(last) < STALE_MIN_INTERVAL
+                    {
+                        tokio::time::sleep_until(last + STALE_MIN_INTERVAL).await;
+                    }
+                    last_stale = Some(Instant::now());
+                    break;
+                }
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        if Instant::now() >= reread_at {
+            reread_at = Instant::now() + REREAD_EVERY;
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
+}
+
+/// The credentials on disk cannot be used: logged once per distinct problem.
+fn report(tx: &watch::Sender<Arc<Current>>, origin: &Origin, problem: String) {
+    let current = tx.borrow().clone();
+    if current.problem.as_deref() == Some(problem.as_str()) && current.read {
+        return;
+    }
+    match &current.client {
+        Some(_) => tracing::warn!(
+            "the credentials for the API server in {} cannot be used: {problem}; keeping the client of the last good ones",
+            origin.describe()
+        ),
+        None => tracing::warn!(
+            "no usable credentials for the API server yet: {problem}; the cluster sources wait for them, the file on disk is kept and served"
+        ),
+    }
+    tx.send_modify(|c| {
+        let c = Arc::make_mut(c);
+        c.problem = Some(problem);
+        c.read = true;
+    });
+}
+
+fn log_new(origin: &Origin, previous: &Current, held: &[HeldCertificate], server: &str) {
+    let client = held.iter().find(|h| h.kind == "user");
+    let subject = client.map(|h| h.certificate.display_name());
+    let not_after = client.map(|h| crate::commands::rfc3339(h.certificate.not_after));
+    let cas = held.iter().filter(|h| h.kind == "cluster").count();
+    if previous.client.is_none() {
+        tracing::info!(
+            server,
+            credentials = %origin.describe(),
+            client_certificate = subject.as_deref().unwrap_or("-"),
+            client_certificate_not_after = not_after.as_deref().unwrap_or("-"),
+            trusted_cas = cas,
+            "credentials for the API server loaded"
+        );
+    } else {
+        tracing::info!(
+            server,
+            client_certificate = subject.as_deref().unwrap_or("-"),
+            client_certificate_not_after = not_after.as_deref().unwrap_or("-"),
+            trusted_cas = cas,
+            "credentials for the API server changed: new requests use them, watches resume from where they were"
+        );
+    }
+}
