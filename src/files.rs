@@ -537,4 +537,34 @@ mod tests {
         assert_eq!(tls("tls.key.new", true), []);
         assert_eq!(plan.dirs().len(), 4);
     }
+
+    #[test]
+    fn a_credential_file_or_its_link_swapped_reads_the_credentials_again() {
+        let plan = Plan::new(None, &[]).with_credential_files(&[
+            PathBuf::from("/var/lib/kubelet/kubeconfig"),
+            PathBuf::from("/var/lib/kubelet/pki/kubelet-client-current.pem"),
+        ]);
+        let at = |dir: &str, name: &str, settled| {
+            plan.classify(Path::new(dir), OsStr::new(name), settled)
+        };
+        assert_eq!(
+            at("/var/lib/kubelet", "kubeconfig", true),
+            [FsEvent::Credentials]
+        );
+        // The kubelet renames a new link over kubelet-client-current.pem.
+        assert_eq!(
+            at("/var/lib/kubelet/pki", "kubelet-client-current.pem", true),
+            [FsEvent::Credentials]
+        );
+        assert_eq!(
+            at("/var/lib/kubelet", "kubeconfig", false),
+            [],
+            "half written"
+        );
+        assert_eq!(
+            at("/var/lib/kubelet/pki", "kubelet-server-current.pem", true),
+            []
+        );
+        assert_eq!(plan.dirs().len(), 2);
+    }
 }

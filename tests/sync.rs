@@ -454,15 +454,6 @@ fn usage_errors_exit_2_and_name_the_problem() {
         (vec!["--source", "nonsense"], "nonsense"),
         (vec!["--file-mode", "0666"], "0666"),
         (vec!["--retain-removed", "forever"], "forever"),
-        (
-            vec![
-                "--source",
-                "configmap:openshift-config-managed/kube-apiserver-client-ca",
-                "--kubeconfig",
-                "/nonexistent/kubeconfig",
-            ],
-            "/nonexistent/kubeconfig",
-        ),
     ] {
         let out = node.sync(&[], &args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));

@@ -236,9 +236,8 @@ impl Reader {
         let mut merged: Option<Kubeconfig> = None;
         for path in paths {
             let bytes = self.read(path, "kubeconfig").map_err(|e| {
-                let hint = if chosen_by == "--kubeconfig" && e.problem.ends_with("does not exist")
-                {
-                    " yet (on a new node the kubelet writes its kubeconfig after its TLS bootstrap; the agent waits for it)"
+                let hint = if chosen_by == "--kubeconfig" && e.problem.ends_with("does not exist") {
+                    " yet (on a new node, the kubelet writes it after its TLS bootstrap)"
                 } else {
                     ""
                 };
