@@ -4,9 +4,9 @@
 #[path = "common/apiserver.rs"]
 mod apiserver;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use apiserver::{ApiServer, Fault, HangMode, Rule, Target};
+use apiserver::{ApiServer, ClientCertificate, Fault, HangMode, Rule, Target};
 use futures::{Stream, StreamExt};
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -443,7 +443,7 @@ async fn injected_and_auth_errors_decode_as_status() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("kubeconfig");
     let text = std::fs::read_to_string(server.kubeconfig()).unwrap();
-    std::fs::write(&bad, text.replace(server.token(), "wrong-token")).unwrap();
+    std::fs::write(&bad, text.replace(&server.token(), "wrong-token")).unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client_from(&bad).await, NS);
     let err = api.get("x").await.unwrap_err();
     assert_eq!(api_code(&err), (401, "Unauthorized".into()));
@@ -1517,4 +1517,348 @@ async fn writes_can_be_failed_or_held_apart_from_reads() {
         .unwrap();
     assert_eq!(sent.param("fieldManager").as_deref(), Some(PUBLISHER));
     assert_eq!(sent.body_json().unwrap()["data"]["ca-bundle.crt"], "PEM-2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication and the serving certificate
+// ---------------------------------------------------------------------------------------------
+
+/// A client of `server` that trusts only `ca_pem` and presents `certificate` and/or `token`,
+/// without kube-rs's retries (every answer shows). Each call has its own TLS configuration, so
+/// no TLS session of another client is resumed.
+async fn client_with(
+    server: &ApiServer,
+    ca_pem: &str,
+    certificate: Option<&ClientCertificate>,
+    token: Option<&str>,
+) -> kube::Client {
+    use base64::Engine as _;
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let mut user = json!({});
+    if let Some(c) = certificate {
+        user["client-certificate-data"] = json!(b64(&c.cert_pem));
+        user["client-key-data"] = json!(b64(&c.key_pem));
+    }
+    if let Some(token) = token {
+        user["token"] = json!(token);
+    }
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fixture", "cluster": {
+            "server": server.url(),
+            "certificate-authority-data": b64(ca_pem),
+        }}],
+        "users": [{"name": "test", "user": user}],
+        "contexts": [{"name": "fixture", "context": {"cluster": "fixture", "user": "test"}}],
+        "current-context": "fixture",
+    });
+    let kubeconfig = Kubeconfig::from_yaml(&kubeconfig.to_string()).expect("kubeconfig");
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kube config");
+    config.default_retry = false;
+    kube::Client::try_from(config).expect("kube client")
+}
+
+fn last_request(server: &ApiServer) -> apiserver::Request {
+    server.requests().pop().expect("a request")
+}
+
+/// The hex SHA-256 of a PEM certificate's DER.
+fn sha256_of(cert_pem: &str) -> String {
+    use sha2::Digest as _;
+    let der = pem::parse(cert_pem).expect("PEM certificate");
+    hex::encode(sha2::Sha256::digest(der.contents()))
+}
+
+/// Sleeps until `at` has passed by `margin`.
+async fn sleep_past(at: SystemTime, margin: Duration) {
+    let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+    tokio::time::sleep(left + margin).await;
+}
+
+/// A failure before any HTTP answer (the TLS handshake), as a string.
+fn transport_error(result: kube::Result<impl std::fmt::Debug>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => panic!("expected no HTTP answer, got {status:?}"),
+        Err(other) => format!("{other:?}"),
+        Ok(answer) => panic!("expected a failed handshake, got {answer:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_valid_client_certificate_authenticates_as_its_common_name() {
+    let server = ApiServer::start();
+    server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let cert = server.issue_client_certificate(
+        "system:node:cert-node",
+        &["system:nodes", "fixture:extra"],
+        Duration::from_secs(600),
+    );
+    let client = client_with(&server, &server.ca_pem(), Some(&cert), None).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+
+    let list = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let sent = last_request(&server);
+    assert_eq!(sent.user, "system:node:cert-node");
+    assert_eq!(
+        sent.groups,
+        ["system:nodes", "fixture:extra", "system:authenticated"]
+    );
+    assert_eq!(
+        sent.client_certificate_sha256,
+        Some(sha256_of(&cert.cert_pem))
+    );
+    assert_eq!(sent.auth_error, None);
+
+    // Authorization is decided for that user, and a denial names it.
+    server.restrict_to(vec![]);
+    let status = status_of(api.get("x").await.unwrap_err());
+    assert_eq!(
+        status.message,
+        "configmaps \"x\" is forbidden: User \"system:node:cert-node\" cannot get resource \"configmaps\" in API group \"\" in the namespace \"openshift-config\""
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_is_verified_on_every_request_not_once_per_connection() {
+    let server = ApiServer::start();
+    let cert = server.issue_client_certificate(
+        "system:node:short-lived",
+        &["system:nodes"],
+        Duration::from_secs(2),
+    );
+    let lasts = cert.not_after.duration_since(SystemTime::now()).unwrap();
+    assert!(
+        lasts >= Duration::from_millis(1900) && lasts <= Duration::from_secs(3),
+        "not_after {lasts:?} from now"
+    );
+    let client = client_with(&server, &server.ca_pem(), Some(&cert), None).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+
+    api.list(&ListParams::default()).await.unwrap();
+    let before = last_request(&server);
+    assert_eq!(before.user, "system:node:short-lived");
+
+    sleep_past(cert.not_after, Duration::from_millis(300)).await;
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(api_code(&err), (401, "Unauthorized".into()));
+    let after = last_request(&server);
+    assert_eq!(
+        after.connection, before.connection,
+        "both requests came on one kept-alive connection"
+    );
+    assert_eq!(after.user, "");
+    assert_eq!(
+        after.client_certificate_sha256,
+        before.client_certificate_sha256
+    );
+    let why = after.auth_error.unwrap();
+    assert!(
+        why.contains("x509: certificate has expired or is not yet valid: current time"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_from_an_unknown_ca_is_unauthorized() {
+    let server = ApiServer::start();
+    let cert = server.issue_client_certificate_by_unknown_ca(
+        "system:node:cert-node",
+        &["system:nodes"],
+        Duration::from_secs(600),
+    );
+    let client = client_with(&server, &server.ca_pem(), Some(&cert), None).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(api_code(&err), (401, "Unauthorized".into()));
+    let sent = last_request(&server);
+    assert_eq!(sent.user, "");
+    assert_eq!(
+        sent.client_certificate_sha256,
+        Some(sha256_of(&cert.cert_pem))
+    );
+    let why = sent.auth_error.unwrap();
+    assert!(
+        why.contains("x509: certificate signed by unknown authority"),
+        "{why}"
+    );
+
+    // Presenting nothing at all is anonymous (403), not a failure (401).
+    let client = client_with(&server, &server.ca_pem(), None, None).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(api_code(&err), (403, "Forbidden".into()));
+    assert_eq!(last_request(&server).user, "system:anonymous");
+}
+
+#[tokio::test]
+async fn an_expired_certificate_with_a_valid_token_is_the_tokens_user() {
+    let server = ApiServer::start();
+    let expired =
+        server.issue_client_certificate("system:node:old", &["system:nodes"], Duration::ZERO);
+    sleep_past(expired.not_after, Duration::from_millis(100)).await;
+
+    // Alone, the expired certificate is a failure.
+    let client = client_with(&server, &server.ca_pem(), Some(&expired), None).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(api_code(&err), (401, "Unauthorized".into()));
+
+    // With the token, the union goes on to the token authenticator, which decides.
+    let token = server.token();
+    let client = client_with(&server, &server.ca_pem(), Some(&expired), Some(&token)).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+    api.list(&ListParams::default()).await.unwrap();
+    let sent = last_request(&server);
+    assert_eq!(sent.user, "system:node:fixture-node");
+    assert_eq!(
+        sent.client_certificate_sha256,
+        Some(sha256_of(&expired.cert_pem))
+    );
+
+    // A valid certificate comes first in the union: it wins over the token.
+    let valid = server.issue_client_certificate(
+        "system:node:new",
+        &["system:nodes"],
+        Duration::from_secs(600),
+    );
+    let client = client_with(&server, &server.ca_pem(), Some(&valid), Some(&token)).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+    api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(last_request(&server).user, "system:node:new");
+}
+
+#[tokio::test]
+async fn a_rotated_token_replaces_the_old_one() {
+    let server = ApiServer::start();
+    let old = server.token();
+    let api = configmaps(&server).await;
+    api.list(&ListParams::default()).await.unwrap();
+
+    let new = server.rotate_token();
+    assert_ne!(new, old);
+    assert_eq!(server.token(), new);
+    // The old token fails on the connection it already had open.
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(api_code(&err), (401, "Unauthorized".into()));
+    assert_eq!(
+        last_request(&server).auth_error.as_deref(),
+        Some("invalid bearer token")
+    );
+
+    let client = client_with(&server, &server.ca_pem(), None, Some(&new)).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, NS);
+    api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(last_request(&server).user, "system:node:fixture-node");
+}
+
+#[tokio::test]
+async fn a_switched_serving_ca_is_what_new_handshakes_present() {
+    let server = ApiServer::start();
+    let old_ca = server.ca_pem();
+    let token = server.token();
+    let kept =
+        Api::<ConfigMap>::namespaced(client_with(&server, &old_ca, None, Some(&token)).await, NS);
+    kept.list(&ListParams::default()).await.unwrap();
+    let kept_connection = last_request(&server).connection;
+
+    // The next CA is published before it is used.
+    let new_ca = server.next_serving_ca();
+    assert_ne!(new_ca, old_ca);
+    assert_eq!(server.next_serving_ca(), new_ca, "made once");
+    assert_eq!(server.ca_pem(), old_ca);
+    let early = client_with(&server, &new_ca, None, Some(&token)).await;
+    transport_error(
+        Api::<ConfigMap>::namespaced(early, NS)
+            .list(&ListParams::default())
+            .await,
+    );
+
+    server.switch_serving_ca();
+    assert_eq!(server.ca_pem(), new_ca);
+    // An open connection keeps the certificate it was handed.
+    kept.list(&ListParams::default()).await.unwrap();
+    assert_eq!(last_request(&server).connection, kept_connection);
+
+    // A new connection gets the new certificate: only a client trusting the new CA takes it.
+    let received = server.requests().len();
+    let stale = client_with(&server, &old_ca, None, Some(&token)).await;
+    let err = transport_error(
+        Api::<ConfigMap>::namespaced(stale, NS)
+            .list(&ListParams::default())
+            .await,
+    );
+    assert!(err.contains("InvalidCertificate"), "{err}");
+    assert_eq!(server.requests().len(), received, "no request got through");
+    let fresh = client_with(&server, &new_ca, None, Some(&token)).await;
+    Api::<ConfigMap>::namespaced(fresh, NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_forgets_tls_sessions_so_the_switched_certificate_shows() {
+    let server = ApiServer::start();
+    let old_ca = server.ca_pem();
+    let token = server.token();
+    // This client holds a TLS session from its first handshake, which it offers to resume.
+    let api =
+        Api::<ConfigMap>::namespaced(client_with(&server, &old_ca, None, Some(&token)).await, NS);
+    api.list(&ListParams::default()).await.unwrap();
+
+    server.switch_serving_ca();
+    server.restart();
+    let err = transport_error(api.list(&ListParams::default()).await);
+    assert!(err.contains("InvalidCertificate"), "{err}");
+}
+
+/// `openssl` run on `cert_pem` (written to a file) with `args` before the file name.
+fn openssl_on(cert_pem: &str, args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("client.crt");
+    std::fs::write(&cert, cert_pem).unwrap();
+    std::process::Command::new("openssl")
+        .args(args)
+        .arg(&cert)
+        .output()
+        .expect("openssl is installed")
+}
+
+#[test]
+fn issued_client_certificates_check_out_with_openssl() {
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let client_ca = dir.path().join("client-ca.crt");
+    std::fs::write(&client_ca, server.client_ca_pem()).unwrap();
+    let ca = client_ca.to_str().unwrap();
+    let cert = server.issue_client_certificate(
+        "system:node:cert-node",
+        &["system:nodes", "fixture:extra"],
+        Duration::from_secs(600),
+    );
+
+    let verify = ["verify", "-purpose", "sslclient", "-CAfile", ca];
+    let out = openssl_on(&cert.cert_pem, &verify);
+    assert!(out.status.success(), "{out:?}");
+    let subject = openssl_on(
+        &cert.cert_pem,
+        &["x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in"],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&subject.stdout).trim(),
+        "subject=CN=system:node:cert-node,O=fixture:extra,O=system:nodes"
+    );
+    let foreign = server.issue_client_certificate_by_unknown_ca(
+        "system:node:cert-node",
+        &["system:nodes"],
+        Duration::from_secs(600),
+    );
+    assert!(!openssl_on(&foreign.cert_pem, &verify).status.success());
+    assert_ne!(server.client_ca_pem(), server.ca_pem(), "two CAs");
 }

@@ -25,10 +25,30 @@
 //!   and from then on even if it has not moved since the last bookmark (cacheWatcher.process
 //!   compares with the start): a heartbeat, but not on a watch that started at the current
 //!   resourceVersion of a quiet resource;
-//! - without RBAC rules set, the fixture user may do anything; with `restrict_to` a list or
-//!   watch with fieldSelector `metadata.name=X` is authorized as a request for X, as upstream;
-//! - no bearer token means user system:anonymous, which gets 403 (not 401) outside /version and
-//!   the health checks; a wrong token gets 401.
+//! - without RBAC rules set, an authenticated user may do anything; with `restrict_to` a list or
+//!   watch with fieldSelector `metadata.name=X` is authorized as a request for X, as upstream,
+//!   and a denial names the user the request authenticated as;
+//! - authentication is kube-apiserver's union of authenticators (FailOnError false): the x509
+//!   client-certificate authenticator, then the bearer token; the first that succeeds decides (a
+//!   valid certificate wins over any token); if none does, a failure of any of them (a wrong
+//!   token, an expired, not-yet-valid or unknown-signer certificate) is 401, and no credential
+//!   at all is user system:anonymous, which gets 403 (not 401) outside /version and the health
+//!   checks. So an expired certificate sent with a valid token is the token's user;
+//! - the listener asks for a client certificate, naming the client CA as acceptable, but neither
+//!   requires nor checks it in the handshake (Go's `tls.RequestClientCert`): an expired or
+//!   foreign certificate connects. The chain is verified against the client CA (clientAuth
+//!   usage required) on every request at that request's time, so a certificate that expires
+//!   while its connection is kept alive fails on the next request, not at the next handshake;
+//! - a certificate user is its CN, with its O values and system:authenticated as groups; a
+//!   valid certificate without a CN names nobody (the next authenticator decides);
+//! - the serving certificate is swapped as the dynamic serving certificate controller swaps it:
+//!   new handshakes present the new one, open connections keep theirs;
+//! - TLS sessions are resumed (rustls clients, kube-rs's included, resume by default; client-go
+//!   does not) and a resumed handshake shows no serving certificate and keeps the client
+//!   certificate of the session it resumes. A restart forgets every session, as a restarted
+//!   apiserver's new ticket keys do. Unlike Go's server, this one also resumes a session whose
+//!   client certificate has expired since (its requests then get 401; Go would make the client
+//!   do a full handshake).
 //!
 //! Writing ConfigMaps (PATCH; other writes, and PATCH of ControllerConfigs, get 405):
 //! - server-side apply (`application/apply-patch+yaml`; the JSON bodies kube-rs sends) needs
@@ -71,7 +91,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc as std_mpsc};
 use std::task::{Context, Poll};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD as B64_URL};
@@ -83,9 +103,10 @@ use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    Issuer, KeyPair, KeyUsagePurpose, SigningKey as _,
 };
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -93,7 +114,15 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
+use tokio_rustls::rustls::crypto::CryptoProvider;
+use tokio_rustls::rustls::pki_types::{
+    CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, UnixTime,
+};
+use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 /// A response body; an error aborts the connection mid-response (a cut stream).
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -101,6 +130,11 @@ type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 const MCO_GROUP: &str = "machineconfiguration.openshift.io";
 /// Who the kubeconfig's token authenticates as (it shows in Forbidden messages).
 const USER: &str = "system:node:fixture-node";
+/// The groups of the token's user, as a node's.
+const USER_GROUPS: [&str; 2] = ["system:nodes", AUTHENTICATED];
+/// The group kube-apiserver adds to every authenticated user (authenticatedGroupAdder).
+const AUTHENTICATED: &str = "system:authenticated";
+const ANONYMOUS: &str = "system:anonymous";
 /// The resourceVersion of the empty store: real clusters are never near 1.
 const INITIAL_RV: u64 = 1000;
 
@@ -119,6 +153,21 @@ pub struct Request {
     /// The request body as received (empty for a GET).
     pub body: Vec<u8>,
     pub at: Instant,
+    /// Who the server authenticated the request as: the client certificate's CN, the token's
+    /// user, or `system:anonymous`; empty when it was refused with 401.
+    pub user: String,
+    /// The groups that came with `user` (`system:authenticated` for any authenticated user,
+    /// `system:unauthenticated` for anonymous); empty when refused.
+    pub groups: Vec<String>,
+    /// The hex SHA-256 of the DER of the leaf certificate presented on the request's connection,
+    /// whatever the authenticators made of it; None when the client presented none.
+    pub client_certificate_sha256: Option<String>,
+    /// Why authentication refused the request (401), worded as kube-apiserver logs it
+    /// (`Unable to authenticate the request`); None unless refused.
+    pub auth_error: Option<String>,
+    /// The TLS connection the request came on, numbered from 1 in the order their handshakes
+    /// completed: requests on one kept-alive connection share it.
+    pub connection: u64,
 }
 
 impl Request {
@@ -251,10 +300,21 @@ impl Rule {
     }
 }
 
+/// A client certificate and its key, as PEM, for a kubeconfig's `client-certificate-data` and
+/// `client-key-data`.
+#[derive(Debug, Clone)]
+pub struct ClientCertificate {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The certificate's notAfter, exactly as written in it (whole seconds).
+    pub not_after: SystemTime,
+}
+
 /// The fake apiserver. Dropping it shuts it down and joins its thread.
 pub struct ApiServer {
     shared: Arc<Shared>,
-    ca_pem: String,
+    /// The CA whose certificates the x509 authenticator accepts.
+    client_ca: Authority,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
     commands: Option<mpsc::UnboundedSender<Command>>,
@@ -262,16 +322,23 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Listens on 127.0.0.1 on a free port, with a fresh CA and serving certificate.
+    /// Listens on 127.0.0.1 on a free port, with a fresh serving CA and certificate, a fresh
+    /// client CA (apart from the serving CA, as on a real cluster) and a fresh bearer token.
     pub fn start() -> ApiServer {
-        let (ca_pem, tls) = tls_config();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let serving = ServingCertificates::new(serving_pair(&provider));
+        let ca_pem = serving.current().ca_pem;
+        let client_ca = Authority::new(CLIENT_CA_NAME);
         let listener = StdTcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
         let port = listener.local_addr().expect("local address").port();
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new()),
-            token: B64_URL.encode(random_bytes(32)),
+            token: Mutex::new(B64_URL.encode(random_bytes(32))),
             port,
-            tls,
+            client_auth: client_verifier(&client_ca, &provider),
+            serving: Arc::new(serving),
+            provider,
+            connections: AtomicU64::new(0),
             last_event_sent: Mutex::new(None),
             last_rv_delivered: Mutex::new(None),
             hang: tokio::sync::watch::Sender::new(None),
@@ -280,7 +347,7 @@ impl ApiServer {
         });
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_yaml(port, &ca_pem, &shared.token))
+        std::fs::write(&kubeconfig, kubeconfig_yaml(port, &ca_pem, &shared.token()))
             .expect("write kubeconfig");
         let (commands, receiver) = mpsc::unbounded_channel();
         let thread = {
@@ -292,7 +359,7 @@ impl ApiServer {
         };
         let server = ApiServer {
             shared,
-            ca_pem,
+            client_ca,
             kubeconfig,
             _dir: dir,
             commands: Some(commands),
@@ -302,7 +369,9 @@ impl ApiServer {
         server
     }
 
-    /// A kubeconfig for this server: CA data, a bearer token user, current-context set.
+    /// A kubeconfig for this server: CA data, a bearer token user, current-context set. It is
+    /// written once at start: after `rotate_token` or `switch_serving_ca` it still holds the
+    /// first token and CA (a test that rotates writes the new credentials where it wants them).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
@@ -315,14 +384,69 @@ impl ApiServer {
         self.shared.port
     }
 
-    /// The bearer token the server accepts.
-    pub fn token(&self) -> &str {
-        &self.shared.token
+    /// The bearer token the server accepts (the only one, for the fixture user).
+    pub fn token(&self) -> String {
+        self.shared.token()
     }
 
-    /// The PEM of the CA that signed the serving certificate.
-    pub fn ca_pem(&self) -> &str {
-        &self.ca_pem
+    /// Makes a new bearer token the only one accepted, as when the token a node's kubeconfig
+    /// names is replaced: the old token gets 401 from the next request on, even on a connection
+    /// already open. Returns the new token.
+    pub fn rotate_token(&self) -> String {
+        let token = B64_URL.encode(random_bytes(32));
+        *lock(&self.shared.token) = token.clone();
+        token
+    }
+
+    /// The PEM of the CA that signed the serving certificate new handshakes get.
+    pub fn ca_pem(&self) -> String {
+        self.shared.serving.current().ca_pem
+    }
+
+    /// The next serving CA, as a cluster rotating kube-apiserver's serving CA publishes it
+    /// before any apiserver serves a certificate it signed: a new CA (same subject, new key)
+    /// and a serving certificate for 127.0.0.1 and localhost signed by it, not served until
+    /// `switch_serving_ca`. Made once: later calls return the same PEM until the switch.
+    pub fn next_serving_ca(&self) -> String {
+        self.shared.serving.next(&self.shared.provider).ca_pem
+    }
+
+    /// Serves the certificate signed by the next serving CA (made now if `next_serving_ca` was
+    /// not called), as kube-apiserver's dynamic serving certificate does: new handshakes present
+    /// it, open connections keep the old one, so a test forces reconnection with `restart` (a
+    /// watch closed by `close_watches` ends its stream, not its kept-alive connection). A
+    /// resumed TLS session shows no certificate at all; `restart` forgets the sessions.
+    pub fn switch_serving_ca(&self) {
+        self.shared.serving.switch(&self.shared.provider);
+    }
+
+    /// The PEM of the CA the x509 authenticator trusts (kube-apiserver's `--client-ca-file`).
+    pub fn client_ca_pem(&self) -> String {
+        self.client_ca.pem.clone()
+    }
+
+    /// A client certificate signed by the client CA, as the kube-controller-manager's CSR
+    /// signer issues a kubelet's: CN `user`, one O per group, clientAuth usage, a
+    /// digitalSignature key usage. It is valid from a minute ago (clock skew) for `valid_for`
+    /// from now, rounded up to the whole second, so it expires no sooner than that.
+    pub fn issue_client_certificate(
+        &self,
+        user: &str,
+        groups: &[&str],
+        valid_for: Duration,
+    ) -> ClientCertificate {
+        self.client_ca.issue_client(user, groups, valid_for)
+    }
+
+    /// The same certificate signed by a CA this server does not trust, with the client CA's
+    /// subject but another key (as a client CA that was rotated away): an unknown signer.
+    pub fn issue_client_certificate_by_unknown_ca(
+        &self,
+        user: &str,
+        groups: &[&str],
+        valid_for: Duration,
+    ) -> ClientCertificate {
+        Authority::new(CLIENT_CA_NAME).issue_client(user, groups, valid_for)
     }
 
     /// Creates a ConfigMap, or replaces its `data` and `binaryData` (labels and annotations
@@ -514,13 +638,15 @@ impl ApiServer {
         self.shared.hang.send_replace(None);
     }
 
-    /// Enforces RBAC for the fixture user as kube-apiserver's RBAC authorizer does: a request is
-    /// allowed only if one of `rules` allows it, else it gets 403 Forbidden with the real
-    /// message. As upstream (the request info resolver, requestinfo.go), a list or watch whose
-    /// fieldSelector requires `metadata.name=X` is authorized as a request for the object named
-    /// X, so `resourceNames: [X]` covers it; without such a selector it has no name and a rule
-    /// with resourceNames does not allow it. Discovery, /version and the health checks stay
-    /// open (system:discovery and system:public-info-viewer).
+    /// Enforces RBAC as kube-apiserver's RBAC authorizer does, with `rules` bound to every
+    /// authenticated user (the token's and any client certificate's: one agent whose credentials
+    /// rotate): a request is allowed only if one of `rules` allows it, else it gets 403
+    /// Forbidden with the real message, naming the user the request authenticated as. As
+    /// upstream (the request info resolver, requestinfo.go), a list or watch whose fieldSelector
+    /// requires `metadata.name=X` is authorized as a request for the object named X, so
+    /// `resourceNames: [X]` covers it; without such a selector it has no name and a rule with
+    /// resourceNames does not allow it. Discovery, /version and the health checks stay open
+    /// (system:discovery and system:public-info-viewer).
     pub fn restrict_to(&self, rules: Vec<Rule>) {
         self.shared.store().rules = Some(rules);
     }
@@ -885,9 +1011,15 @@ impl Store {
 
 struct Shared {
     store: Mutex<Store>,
-    token: String,
+    /// The one bearer token accepted (see `ApiServer::rotate_token`).
+    token: Mutex<String>,
     port: u16,
-    tls: Arc<rustls::ServerConfig>,
+    /// The x509 authenticator's check of a chain against the client CA (clientAuth usage).
+    client_auth: Arc<dyn ClientCertVerifier>,
+    serving: Arc<ServingCertificates>,
+    provider: Arc<CryptoProvider>,
+    /// TLS connections accepted so far (their numbers in `Request::connection`).
+    connections: AtomicU64,
     last_event_sent: Mutex<Option<Instant>>,
     /// The resourceVersion of the last event or bookmark handed to a watch's connection.
     last_rv_delivered: Mutex<Option<u64>>,
@@ -900,6 +1032,10 @@ struct Shared {
 impl Shared {
     fn store(&self) -> MutexGuard<'_, Store> {
         lock(&self.store)
+    }
+
+    fn token(&self) -> String {
+        lock(&self.token).clone()
     }
 }
 
@@ -1104,14 +1240,7 @@ fn pull_secret_json() -> String {
 
 /// PEM armour around random bytes: the size and shape of a certificate, not a valid one.
 fn fake_pem(seed: &str) -> String {
-    let body = B64.encode(seeded_bytes(seed, 900));
-    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in body.as_bytes().chunks(64) {
-        pem.push_str(std::str::from_utf8(line).unwrap());
-        pem.push('\n');
-    }
-    pem.push_str("-----END CERTIFICATE-----\n");
-    pem
+    pem_of(&seeded_bytes(seed, 900))
 }
 
 /// The uid and creationTimestamp kept across updates, or fresh ones for a create.
@@ -2733,8 +2862,9 @@ impl Status {
         )
     }
 
-    /// What `fail_next` injects, worded as the real server words that error.
-    fn injected(code: u16, route: &Route, verb: &str, path: &str) -> Status {
+    /// What `fail_next` injects, worded as the real server words that error (a 403 names
+    /// `user`).
+    fn injected(code: u16, route: &Route, user: &str, verb: &str, path: &str) -> Status {
         let (res_name, res) = match route.resource() {
             Some((res, _, name)) => (name.unwrap_or(""), Some(res)),
             None => ("", None),
@@ -2742,7 +2872,7 @@ impl Status {
         match code {
             400 => Status::bad_request("the server rejected our request for an unknown reason"),
             401 => Status::unauthorized(),
-            403 => Status::forbidden(USER, verb, route, path),
+            403 => Status::forbidden(user, verb, route, path),
             404 => match res {
                 Some(res) if !res_name.is_empty() => Status::not_found(res, res_name),
                 _ => Status::path_not_found(),
@@ -3121,6 +3251,7 @@ fn parse_rv(rv: &str) -> Result<Option<u64>, Status> {
 
 async fn handle(
     shared: Arc<Shared>,
+    peer: Arc<Peer>,
     flushed: Arc<AtomicBool>,
     req: hyper::Request<Incoming>,
 ) -> Response<Body> {
@@ -3140,6 +3271,13 @@ async fn handle(
         _ => Kind::Other,
     };
     let body = body.collect().await.map(|b| b.to_bytes());
+    // Authentication runs first, on every request, at the time the request arrives.
+    let authn = authenticate(
+        &shared,
+        &peer.chain,
+        bearer_token(&parts.headers),
+        SystemTime::now(),
+    );
     shared.store().requests.push(Request {
         method: method.clone(),
         path: path.clone(),
@@ -3147,6 +3285,14 @@ async fn handle(
         watch,
         body: body.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
         at: Instant::now(),
+        user: authn.user().to_owned(),
+        groups: authn.groups(),
+        client_certificate_sha256: peer.leaf_sha256.clone(),
+        auth_error: match &authn {
+            Authn::Refused(why) => Some(why.clone()),
+            Authn::User { .. } | Authn::Anonymous => None,
+        },
+        connection: peer.number,
     });
     // A hung server has read the request and sends nothing until it is released.
     let _ = shared
@@ -3154,35 +3300,27 @@ async fn handle(
         .subscribe()
         .wait_for(|hang| !hang.is_some_and(|h| h.covers(kind)))
         .await;
+    // A refused request has no user; an injected 403 still needs one to name.
+    let user = match &authn {
+        Authn::User { name, .. } => name.clone(),
+        Authn::Anonymous | Authn::Refused(_) => ANONYMOUS.to_owned(),
+    };
     let injected = shared.store().take_failure(kind);
     if let Some(fault) = injected {
-        return injected_reply(&shared, fault, kind, &route, verb, &path);
+        return injected_reply(&shared, fault, kind, &route, &user, verb, &path);
     }
 
-    // Authentication (bearer token), then authorization: an invalid token is 401; no token makes
+    // The verdict of authentication, then authorization: a failed credential is 401; none makes
     // the request anonymous, and system:anonymous may only read /version and the health checks.
-    let bearer = parts
-        .headers
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .and_then(|v| {
-            let mut parts = v.splitn(3, ' ');
-            let scheme = parts.next()?;
-            let token = parts.next()?;
-            (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-        });
-    match bearer {
-        Some(token) if token != shared.token => {
-            return status_reply(&shared, &Status::unauthorized());
-        }
-        None if !route.public() => {
-            let status = Status::forbidden("system:anonymous", verb, &route, &path);
+    match authn {
+        Authn::Refused(_) => return status_reply(&shared, &Status::unauthorized()),
+        Authn::Anonymous if !route.public() => {
+            let status = Status::forbidden(ANONYMOUS, verb, &route, &path);
             return status_reply(&shared, &status);
         }
-        _ => {}
+        Authn::Anonymous | Authn::User { .. } => {}
     }
-    if let Some(status) = rbac_denial(&shared, verb, &route, &q) {
+    if let Some(status) = rbac_denial(&shared, &user, verb, &route, &q) {
         return status_reply(&shared, &status);
     }
 
@@ -3221,7 +3359,9 @@ async fn handle(
         return status_reply(&shared, &status);
     }
     let result = match route {
-        Route::Collection { res, ns } if watch => serve_watch(&shared, flushed, res, ns, &q).await,
+        Route::Collection { res, ns } if watch => {
+            serve_watch(&shared, flushed, &user, res, ns, &q).await
+        }
         Route::Collection { res, ns } => serve_list(&shared, res, ns, &q).await,
         Route::Object { res, ns, name } => serve_get(&shared, res, ns, &name),
         Route::Health => Ok(reply(&shared, 200, "text/plain; charset=utf-8", full("ok"))),
@@ -3252,6 +3392,7 @@ fn injected_reply(
     fault: Fault,
     kind: Kind,
     route: &Route,
+    user: &str,
     verb: &str,
     path: &str,
 ) -> Response<Body> {
@@ -3262,10 +3403,10 @@ fn injected_reply(
                 Fault::ErrorEvent(code) | Fault::Status(code) => code,
                 _ => unreachable!(),
             };
-            watch_error(shared, &Status::injected(code, route, verb, path))
+            watch_error(shared, &Status::injected(code, route, user, verb, path))
         }
         Fault::Status(code) | Fault::ErrorEvent(code) => {
-            status_reply(shared, &Status::injected(code, route, verb, path))
+            status_reply(shared, &Status::injected(code, route, user, verb, path))
         }
         // What an nginx-style load balancer sends when no apiserver behind it answers.
         Fault::BadGatewayHtml => {
@@ -3316,8 +3457,15 @@ fn cut_after(bytes: Bytes) -> Body {
     StreamBody::new(steps).boxed_unsync()
 }
 
-/// The RBAC authorizer's answer when rules are enforced: None if allowed, else the 403.
-fn rbac_denial(shared: &Shared, verb: &str, route: &Route, q: &Query) -> Option<Status> {
+/// The RBAC authorizer's answer for `user` when rules are enforced: None if allowed, else the
+/// 403.
+fn rbac_denial(
+    shared: &Shared,
+    user: &str,
+    verb: &str,
+    route: &Route,
+    q: &Query,
+) -> Option<Status> {
     if let Route::Review(review) = route {
         let st = shared.store();
         let rules = st.rules.as_ref()?;
@@ -3332,7 +3480,7 @@ fn rbac_denial(shared: &Shared, verb: &str, route: &Route, q: &Query) -> Option<
             Status::new(
                 403,
                 "Forbidden",
-                format!("{resource}.{group} is forbidden: User {USER:?} cannot {verb} resource {resource:?} in API group {group:?} at the cluster scope"),
+                format!("{resource}.{group} is forbidden: User {user:?} cannot {verb} resource {resource:?} in API group {group:?} at the cluster scope"),
             )
             .details(json!({"group": group, "kind": resource})),
         );
@@ -3357,7 +3505,7 @@ fn rbac_denial(shared: &Shared, verb: &str, route: &Route, q: &Query) -> Option<
     if rules.iter().any(|r| r.allows(verb, res, ns, name)) {
         return None;
     }
-    Some(Status::forbidden_resource(USER, verb, res, ns, name))
+    Some(Status::forbidden_resource(user, verb, res, ns, name))
 }
 
 fn serve_get(
@@ -3586,6 +3734,7 @@ async fn wait_for_rv(shared: &Shared, rv: u64) -> Result<(), Status> {
 async fn serve_watch(
     shared: &Arc<Shared>,
     flushed: Arc<AtomicBool>,
+    user: &str,
     res: Res,
     ns: Option<String>,
     q: &Query,
@@ -3674,6 +3823,7 @@ async fn serve_watch(
         shared: shared.clone(),
         id,
         res,
+        user: user.to_owned(),
         rx,
         // processInterval: the start moves past every initial event.
         start: initial.iter().map(|l| l.rv).fold(seen, u64::max),
@@ -3880,6 +4030,8 @@ struct WatchStream {
     shared: Arc<Shared>,
     id: u64,
     res: Res,
+    /// Who the watch's request authenticated as (an ERROR event's 403 names them).
+    user: String,
     rx: mpsc::UnboundedReceiver<Msg>,
     pending: VecDeque<Line>,
     /// The resourceVersion the watch started from, after its initial events: cacheWatcher.process
@@ -3946,7 +4098,7 @@ impl WatchStream {
                     res: self.res,
                     ns: None,
                 };
-                let status = Status::injected(code, &route, "watch", "");
+                let status = Status::injected(code, &route, &self.user, "watch", "");
                 self.pending.push_back(Line {
                     bytes: format!("{{\"type\":\"ERROR\",\"object\":{}}}\n", status.json()).into(),
                     rv: 0,
@@ -4042,7 +4194,7 @@ async fn halt(serving: &mut Serving) {
 /// Accepts connections until told to stop, then drops the listener and every connection.
 async fn serve(shared: Arc<Shared>, listener: StdTcpListener, mut stop: oneshot::Receiver<()>) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-    let acceptor = TlsAcceptor::from(shared.tls.clone());
+    let acceptor = TlsAcceptor::from(server_config(&shared));
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -4064,6 +4216,21 @@ async fn connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: tokio::net:
     let Ok(tls) = acceptor.accept(tcp).await else {
         return;
     };
+    // What the handshake (or the session it resumed) left: kept for every request, which the
+    // x509 authenticator judges afresh.
+    let chain = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(<[_]>::to_vec)
+        .unwrap_or_default();
+    let peer = Arc::new(Peer {
+        number: shared.connections.fetch_add(1, Ordering::SeqCst) + 1,
+        leaf_sha256: chain
+            .first()
+            .map(|leaf| hex(&Sha256::digest(leaf.as_ref()))),
+        chain,
+    });
     let flushed = Arc::new(AtomicBool::new(false));
     let io = TokioIo::new(FlushStamp {
         inner: tls,
@@ -4071,8 +4238,8 @@ async fn connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: tokio::net:
         shared: shared.clone(),
     });
     let service = hyper::service::service_fn(move |req| {
-        let (shared, flushed) = (shared.clone(), flushed.clone());
-        async move { Ok::<_, Infallible>(handle(shared, flushed, req).await) }
+        let (shared, peer, flushed) = (shared.clone(), peer.clone(), flushed.clone());
+        async move { Ok::<_, Infallible>(handle(shared, peer, flushed, req).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .header_read_timeout(None)
@@ -4136,28 +4303,85 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for FlushStamp<T> {
 // TLS, kubeconfig, small helpers
 // ---------------------------------------------------------------------------------------------
 
-/// A fresh CA and a serving certificate for 127.0.0.1 and localhost. ALPN offers http/1.1 only:
-/// kube-rs's client speaks HTTP/1.1 (the real server also offers h2).
-fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
-    let now = OffsetDateTime::now_utc();
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca = CertificateParams::default();
-    ca.distinguished_name = DistinguishedName::new();
-    ca.distinguished_name
-        .push(DnType::CommonName, "kube-apiserver-localhost-signer");
-    ca.distinguished_name
-        .push(DnType::OrganizationalUnitName, "openshift");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.not_before = now - time::Duration::hours(1);
-    ca.not_after = now + time::Duration::days(365);
-    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
-    let issuer = Issuer::new(ca, ca_key);
+/// The serving CA's subject: kept by the next serving CA, as a rotated CA keeps its name.
+const SERVING_CA_NAME: &str = "kube-apiserver-localhost-signer";
+/// The client CA's subject (the CSR signer that issues kubelets' client certificates).
+const CLIENT_CA_NAME: &str = "kube-csr-signer";
 
+/// A CA made when the test runs: valid from an hour ago for a year.
+struct Authority {
+    pem: String,
+    der: CertificateDer<'static>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Authority {
+    fn new(common_name: &str) -> Authority {
+        let now = OffsetDateTime::now_utc();
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationalUnitName, "openshift");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(365);
+        let cert = params.self_signed(&key).expect("CA certificate");
+        Authority {
+            pem: cert.pem(),
+            der: cert.der().clone(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// See `ApiServer::issue_client_certificate`.
+    fn issue_client(&self, user: &str, groups: &[&str], valid_for: Duration) -> ClientCertificate {
+        let now = OffsetDateTime::now_utc();
+        // X.509 times are whole seconds: the end is rounded up, so the certificate lasts at
+        // least `valid_for`.
+        let end = now + valid_for;
+        let not_after = match end.replace_nanosecond(0).expect("whole second") {
+            whole if whole == end => whole,
+            whole => whole + time::Duration::SECOND,
+        };
+        let key = KeyPair::generate().expect("client key");
+        let mut params = CertificateParams::default();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = now - time::Duration::minutes(1);
+        params.not_after = not_after;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("client certificate");
+        let der = with_subject(cert.der(), &subject_der(user, groups), self.issuer.key());
+        ClientCertificate {
+            cert_pem: pem_of(&der),
+            key_pem: key.serialize_pem(),
+            not_after: not_after.into(),
+        }
+    }
+}
+
+/// A serving CA and the certificate for 127.0.0.1 and localhost it signed, ready to serve.
+#[derive(Debug, Clone)]
+struct ServingPair {
+    ca_pem: String,
+    key: Arc<CertifiedKey>,
+}
+
+fn serving_pair(provider: &CryptoProvider) -> ServingPair {
+    let now = OffsetDateTime::now_utc();
+    let ca = Authority::new(SERVING_CA_NAME);
     let key = KeyPair::generate().expect("server key");
     let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
         .expect("server certificate parameters");
@@ -4170,20 +4394,232 @@ fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
     params.use_authority_key_identifier_extension = true;
     params.not_before = now - time::Duration::hours(1);
     params.not_after = now + time::Duration::days(30);
-    let cert = params.signed_by(&key, &issuer).expect("server certificate");
+    let cert = params
+        .signed_by(&key, &ca.issuer)
+        .expect("server certificate");
+    let key = CertifiedKey::from_der(
+        vec![cert.der().clone()],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        provider,
+    )
+    .expect("serving key");
+    ServingPair {
+        ca_pem: ca.pem,
+        key: Arc::new(key),
+    }
+}
 
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+/// The serving certificate, swapped under a lock as kube-apiserver's dynamic serving
+/// certificate controller swaps it: each new handshake asks for the current one, and a
+/// connection keeps the one it was handed.
+#[derive(Debug)]
+struct ServingCertificates {
+    current: Mutex<ServingPair>,
+    /// Made by `next_serving_ca`, not served until `switch_serving_ca`.
+    next: Mutex<Option<ServingPair>>,
+}
+
+impl ServingCertificates {
+    fn new(first: ServingPair) -> ServingCertificates {
+        ServingCertificates {
+            current: Mutex::new(first),
+            next: Mutex::new(None),
+        }
+    }
+
+    fn current(&self) -> ServingPair {
+        lock(&self.current).clone()
+    }
+
+    fn next(&self, provider: &CryptoProvider) -> ServingPair {
+        lock(&self.next)
+            .get_or_insert_with(|| serving_pair(provider))
+            .clone()
+    }
+
+    fn switch(&self, provider: &CryptoProvider) {
+        let next = lock(&self.next)
+            .take()
+            .unwrap_or_else(|| serving_pair(provider));
+        *lock(&self.current) = next;
+    }
+}
+
+impl ResolvesServerCert for ServingCertificates {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(lock(&self.current).key.clone())
+    }
+}
+
+/// Go's `tls.RequestClientCert`, as kube-apiserver sets up its listener: the handshake asks for a
+/// client certificate, naming the client CA as acceptable, and takes whatever comes, or nothing.
+/// Nothing is verified then but the handshake's own signature (proof that the client holds the
+/// key); the chain is judged on each request by the x509 authenticator, so that a certificate
+/// that expires, or that nobody trusts, still connects and fails as an authentication error.
+#[derive(Debug)]
+struct RequestClientCert(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for RequestClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// What the x509 authenticator checks a chain with: the client CA as the only root, clientAuth
+/// usage (webpki, like Go's Verify, accepts a certificate with no extended key usage at all).
+/// Its root hints are what the handshake names as acceptable CAs.
+fn client_verifier(ca: &Authority, provider: &Arc<CryptoProvider>) -> Arc<dyn ClientCertVerifier> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.der.clone()).expect("client CA");
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .expect("client certificate verifier")
+}
+
+/// The TLS configuration of one listener, made anew by every `listen` so that a restart forgets
+/// the TLS sessions of the last one (a restarted apiserver has new session ticket keys); the
+/// serving certificate and the client CA are shared. ALPN offers http/1.1 only: kube-rs's
+/// client speaks HTTP/1.1 (the real server also offers h2).
+fn server_config(shared: &Shared) -> Arc<rustls::ServerConfig> {
+    let mut config = rustls::ServerConfig::builder_with_provider(shared.provider.clone())
         .with_safe_default_protocol_versions()
         .expect("TLS versions")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .expect("TLS server config");
+        .with_client_cert_verifier(Arc::new(RequestClientCert(shared.client_auth.clone())))
+        .with_cert_resolver(shared.serving.clone());
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    (ca_cert.pem(), Arc::new(config))
+    Arc::new(config)
+}
+
+/// rcgen keeps one value per attribute type, but kube-apiserver takes a user's groups from the O
+/// attributes of the certificate, one per group, as Go's pkix.Name writes Organization. This
+/// puts `subject` in place of the certificate's subject and signs it again with the issuer's key.
+fn with_subject(cert: &[u8], subject: &[u8], issuer_key: &KeyPair) -> Vec<u8> {
+    let parts = der_elements(der_content(cert));
+    let [tbs, algorithm, _signature] = parts[..] else {
+        panic!("a certificate is three elements, not {}", parts.len());
+    };
+    // version, serialNumber, signature, issuer, validity, subject, subjectPublicKeyInfo, ...
+    let mut fields = der_elements(der_content(tbs));
+    fields[5] = subject;
+    let tbs = der_tlv(0x30, &fields.concat());
+    let mut bits = vec![0]; // no unused bits
+    bits.extend(issuer_key.sign(&tbs).expect("sign certificate"));
+    der_tlv(0x30, &[&tbs[..], algorithm, &der_tlv(0x03, &bits)].concat())
+}
+
+/// An X.509 Name as Go's pkix.Name writes one: an O attribute per organization, then the CN
+/// (left out when empty), each in an RDN of its own.
+fn subject_der(common_name: &str, organizations: &[&str]) -> Vec<u8> {
+    const O: &[u8] = &[0x06, 0x03, 0x55, 0x04, 0x0a];
+    const CN: &[u8] = &[0x06, 0x03, 0x55, 0x04, 0x03];
+    let rdn = |oid: &[u8], value: &str| {
+        let utf8 = der_tlv(0x0c, value.as_bytes());
+        der_tlv(0x31, &der_tlv(0x30, &[oid, &utf8[..]].concat()))
+    };
+    let mut rdns: Vec<u8> = organizations.iter().flat_map(|o| rdn(O, o)).collect();
+    if !common_name.is_empty() {
+        rdns.extend(rdn(CN, common_name));
+    }
+    der_tlv(0x30, &rdns)
+}
+
+/// A DER element: tag, definite length, content.
+fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    match u8::try_from(content.len()) {
+        Ok(short) if short < 0x80 => out.push(short),
+        _ => {
+            let len = content.len().to_be_bytes();
+            let digits: Vec<u8> = len.into_iter().skip_while(|b| *b == 0).collect();
+            out.push(0x80 | digits.len() as u8);
+            out.extend(digits);
+        }
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// (header length, content length) of the DER element at the start of `der`.
+fn der_header(der: &[u8]) -> (usize, usize) {
+    match der[1] {
+        short if short < 0x80 => (2, usize::from(short)),
+        long => {
+            let n = usize::from(long & 0x7f);
+            let len = der[2..2 + n]
+                .iter()
+                .fold(0, |len, b| (len << 8) | usize::from(*b));
+            (2 + n, len)
+        }
+    }
+}
+
+/// The content of the DER element at the start of `der`.
+fn der_content(der: &[u8]) -> &[u8] {
+    let (header, len) = der_header(der);
+    &der[header..header + len]
+}
+
+/// The elements (each whole) that make up DER content.
+fn der_elements(mut content: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while !content.is_empty() {
+        let (header, len) = der_header(content);
+        let (element, rest) = content.split_at(header + len);
+        out.push(element);
+        content = rest;
+    }
+    out
+}
+
+fn pem_of(der: &[u8]) -> String {
+    let body = B64.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
 }
 
 fn kubeconfig_yaml(port: u16, ca_pem: &str, token: &str) -> String {
@@ -4269,6 +4705,231 @@ fn seeded_bytes(seed: &str, n: usize) -> Vec<u8> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication: the x509 and bearer token authenticators, as kube-apiserver combines them
+// ---------------------------------------------------------------------------------------------
+
+/// What a connection's handshake left for its requests.
+struct Peer {
+    /// See `Request::connection`.
+    number: u64,
+    /// The chain the client presented, leaf first; empty when it presented none.
+    chain: Vec<CertificateDer<'static>>,
+    /// The hex SHA-256 of the leaf's DER.
+    leaf_sha256: Option<String>,
+}
+
+/// What kube-apiserver's authentication filter made of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Authn {
+    /// An authenticator succeeded: this user, `system:authenticated` among the groups.
+    User { name: String, groups: Vec<String> },
+    /// No authenticator had an opinion: system:anonymous.
+    Anonymous,
+    /// Every authenticator that had an opinion failed (why, as the union aggregates it): 401.
+    Refused(String),
+}
+
+impl Authn {
+    /// The user recorded on the request: empty when refused.
+    fn user(&self) -> &str {
+        match self {
+            Authn::User { name, .. } => name,
+            Authn::Anonymous => ANONYMOUS,
+            Authn::Refused(_) => "",
+        }
+    }
+
+    fn groups(&self) -> Vec<String> {
+        match self {
+            Authn::User { groups, .. } => groups.clone(),
+            Authn::Anonymous => vec!["system:unauthenticated".to_owned()],
+            Authn::Refused(_) => Vec::new(),
+        }
+    }
+}
+
+/// A user and their groups, as an authenticator that succeeded names them.
+type Identity = (String, Vec<String>);
+
+/// What one authenticator says: Ok(None) when it has no opinion (nothing for it in the request),
+/// an error when what it was given does not hold.
+type Verdict = Result<Option<Identity>, String>;
+
+/// The bearer token of an `Authorization: Bearer` header, if any (an empty one is none).
+fn bearer_token(headers: &hyper::HeaderMap) -> Option<&str> {
+    let value = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    let mut parts = value.trim().splitn(3, ' ');
+    let scheme = parts.next()?;
+    let token = parts.next()?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// kube-apiserver's authentication (pkg/kubeapiserver/authenticator): the union of the x509 and
+/// the bearer token authenticators with FailOnError false, wrapped by the group adder, then the
+/// anonymous authenticator with FailOnError true. The first authenticator that succeeds decides
+/// and the others' errors are dropped; if none succeeds, their errors make a 401, and with no
+/// error (nothing presented) the request is anonymous.
+fn authenticate(
+    shared: &Shared,
+    chain: &[CertificateDer<'_>],
+    bearer: Option<&str>,
+    now: SystemTime,
+) -> Authn {
+    let x509 = || x509_user(&*shared.client_auth, chain, now);
+    let token = || token_user(&shared.token(), bearer);
+    let authenticators: [&dyn Fn() -> Verdict; 2] = [&x509, &token];
+    let mut errors = Vec::new();
+    for authenticator in authenticators {
+        match authenticator() {
+            Ok(Some((name, mut groups))) => {
+                if !groups.iter().any(|g| g == AUTHENTICATED) {
+                    groups.push(AUTHENTICATED.to_owned());
+                }
+                return Authn::User { name, groups };
+            }
+            Ok(None) => {}
+            Err(why) => errors.push(why),
+        }
+    }
+    // utilerrors.NewAggregate: one error as itself, several in brackets.
+    match errors.len() {
+        0 => Authn::Anonymous,
+        1 => Authn::Refused(errors.remove(0)),
+        _ => Authn::Refused(format!("[{}]", errors.join(", "))),
+    }
+}
+
+/// The x509 authenticator with CommonNameUserConversion: no certificate is no opinion; a chain
+/// that does not verify against the client CA at `now` for client auth is an error; a verified
+/// one is its CN with its O values as groups, or no opinion if it has no CN.
+fn x509_user(
+    verifier: &dyn ClientCertVerifier,
+    chain: &[CertificateDer<'_>],
+    now: SystemTime,
+) -> Verdict {
+    let Some((leaf, intermediates)) = chain.split_first() else {
+        return Ok(None);
+    };
+    let cert = match x509_parser::parse_x509_certificate(leaf) {
+        Ok((_, cert)) => cert,
+        Err(e) => return Err(format!("x509: malformed certificate: {e}")),
+    };
+    let failed = |why: String| {
+        format!(
+            "verifying certificate {} failed: {why}",
+            certificate_identifier(&cert)
+        )
+    };
+    let since_epoch = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    // Go's Verify compares the instant (`now.After(NotAfter)`); webpki, below, whole seconds
+    // only, which would keep an expired certificate for up to a second more.
+    let validity = cert.validity();
+    let (not_before, not_after) = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    let at = |secs: i64| Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+    let invalid = |relation: &str, bound: i64| {
+        failed(format!(
+            "x509: certificate has expired or is not yet valid: current time {} is {relation} {}",
+            go_time(OffsetDateTime::from(now)),
+            go_time(OffsetDateTime::from_unix_timestamp(bound).expect("X.509 time")),
+        ))
+    };
+    if since_epoch > at(not_after) {
+        return Err(invalid("after", not_after));
+    }
+    if since_epoch < at(not_before) {
+        return Err(invalid("before", not_before));
+    }
+    verifier
+        .verify_client_cert(leaf, intermediates, UnixTime::since_unix_epoch(since_epoch))
+        .map_err(|e| failed(x509_error(&e)))?;
+    let subject = cert.subject();
+    // pkix.Name keeps the last CN and every O.
+    let Some(name) = subject
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .last()
+        .filter(|cn| !cn.is_empty())
+    else {
+        return Ok(None);
+    };
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok())
+        .map(str::to_owned)
+        .collect();
+    Ok(Some((name.to_owned(), groups)))
+}
+
+/// The bearer token authenticator: no token is no opinion; the current token is the fixture
+/// user; any other is an error (bearertoken.go: `invalid bearer token`).
+fn token_user(current: &str, bearer: Option<&str>) -> Verdict {
+    match bearer {
+        None => Ok(None),
+        Some(token) if token == current => Ok(Some((
+            USER.to_owned(),
+            USER_GROUPS.iter().map(|g| (*g).to_owned()).collect(),
+        ))),
+        Some(_) => Err("invalid bearer token".to_owned()),
+    }
+}
+
+/// certificateIdentifier in the x509 authenticator: how its errors name a certificate.
+fn certificate_identifier(cert: &x509_parser::certificate::X509Certificate<'_>) -> String {
+    use x509_parser::extensions::ParsedExtension;
+    let colons = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .map(|b| format!("{b:02X}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    let (mut skid, mut akid) = (String::new(), String::new());
+    for extension in cert.extensions() {
+        match extension.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(id) => skid = colons(id.0),
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                akid = aki
+                    .key_identifier
+                    .as_ref()
+                    .map_or_else(String::new, |id| colons(id.0));
+            }
+            _ => {}
+        }
+    }
+    format!("SN={}, SKID={skid}, AKID={akid}", cert.serial)
+}
+
+/// The words of Go's x509 package for what webpki found.
+fn x509_error(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "x509: certificate signed by unknown authority".to_owned()
+        }
+        rustls::Error::InvalidCertificate(C::InvalidPurpose | C::InvalidPurposeContext { .. }) => {
+            "x509: certificate specifies an incompatible key usage".to_owned()
+        }
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => "x509: certificate has expired or is not yet valid".to_owned(),
+        other => format!("x509: {other}"),
+    }
+}
+
+/// A time as Go's time.RFC3339 prints it (whole seconds, UTC as Z).
+fn go_time(t: OffsetDateTime) -> String {
+    t.replace_nanosecond(0)
+        .unwrap_or(t)
+        .format(&Rfc3339)
+        .expect("RFC 3339 time")
 }
 
 // ---------------------------------------------------------------------------------------------
