@@ -186,11 +186,8 @@ pub fn transport_cause(error: &(dyn std::error::Error + 'static)) -> (&'static s
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return ("tls", tls_problem(tls));
         }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            // An I/O error can carry the TLS error that caused it; its source() skips it.
-            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                return ("tls", tls_problem(tls));
-            }
+        let io = e.downcast_ref::<std::io::Error>();
+        if let Some(io) = io {
             use std::io::ErrorKind::*;
             let said = match io.kind() {
                 ConnectionRefused => Some("connection refused"),
@@ -208,7 +205,12 @@ pub fn transport_cause(error: &(dyn std::error::Error + 'static)) -> (&'static s
         let text = e.to_string();
         dns |= text.contains("dns error");
         innermost = text;
-        next = e.source();
+        // An I/O error wrapping another error (TLS errors come as one inside another) says
+        // where it came from through get_ref(): its source() skips the wrapped error.
+        next = match io.and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     let innermost = printable(&innermost);
     if dns {
@@ -227,7 +229,9 @@ fn tls_problem(error: &rustls::Error) -> String {
             C::Expired | C::ExpiredContext { .. } => "TLS: the server's certificate has expired".to_string(),
             C::NotValidYet | C::NotValidYetContext { .. } => "TLS: the server's certificate is not valid yet (is the clock right?)".to_string(),
             C::NotValidForName | C::NotValidForNameContext { .. } => "TLS: the server's certificate is not valid for this host name".to_string(),
-            C::BadSignature => "TLS: the server's certificate has a bad signature".to_string(),
+            // A trusted CA of the same name, with another key: a serving CA rotated under
+            // the same subject, as clusters do.
+            C::BadSignature => "TLS: unknown authority: the server's certificate is not signed by a CA the agent trusts for it (one of the same name is trusted, with another key)".to_string(),
             other => format!("TLS: the server's certificate is not valid: {other:?}"),
         },
         rustls::Error::AlertReceived(alert) => {

@@ -1,0 +1,560 @@
+//! The agent's own credentials rotate under it, and it follows them without a restart: a
+//! first boot before the kubelet has written its kubeconfig, the kubelet's client
+//! certificate swapped through its `kubelet-client-current.pem` link, the API server moving
+//! to a new serving CA, a token file replaced, and credential files written in place, slowly.
+//! The test API server checks client certificates on every request, as kube-apiserver does.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use common::apiserver::ApiServer;
+use common::daemon::{Agent, eventually, wait_until};
+use common::pki::{Algorithm, Signer};
+use common::{Node, sha256_hex, stderr};
+
+const SECOND: Duration = Duration::from_secs(1);
+const NS: &str = "openshift-config-managed";
+const NAME: &str = "kube-apiserver-client-ca";
+const SPEC: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+
+/// Writes `content` to `path` as a writer that knows better does: a new file renamed over.
+fn write_atomically(path: &Path, content: &[u8]) {
+    let tmp = path.with_extension("tmp-new");
+    fs::write(&tmp, content).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// A kubeconfig for `api` whose CA is the file `ca` and whose user is `user` (YAML lines of
+/// the `user:` map, indented by four spaces).
+fn kubeconfig_yaml(api: &ApiServer, ca: &Path, user: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: kubelet
+  user:
+{user}
+contexts:
+- name: local
+  context:
+    cluster: local
+    user: kubelet
+current-context: local
+",
+        server = api.url(),
+        ca = ca.display(),
+    )
+}
+
+/// The kubelet's layout: `pki/kubelet-client-current.pem`, a link to a dated file that holds
+/// the certificate and its key, named by the kubeconfig for both.
+struct KubeletPki {
+    dir: PathBuf,
+    serial: u32,
+}
+
+impl KubeletPki {
+    fn new(root: &Path) -> KubeletPki {
+        let dir = root.join("pki");
+        fs::create_dir_all(&dir).unwrap();
+        KubeletPki { dir, serial: 0 }
+    }
+
+    fn current(&self) -> PathBuf {
+        self.dir.join("kubelet-client-current.pem")
+    }
+
+    /// Writes a new dated file and swaps the link to it, as the kubelet's certificate
+    /// manager does (a new link renamed over the old one).
+    fn rotate_to(&mut self, cert_pem: &str, key_pem: &str) {
+        self.serial += 1;
+        let dated = self
+            .dir
+            .join(format!("kubelet-client-2026-11-23-{:02}.pem", self.serial));
+        fs::write(&dated, format!("{cert_pem}{key_pem}")).unwrap();
+        let link = self.dir.join(".kubelet-client-current.pem.new");
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dated, &link).unwrap();
+        fs::rename(&link, self.current()).unwrap();
+    }
+
+    fn user_yaml(&self) -> String {
+        let current = self.current();
+        format!(
+            "    client-certificate: {0}\n    client-key: {0}",
+            current.display()
+        )
+    }
+}
+
+/// The DER SHA-256 of the first certificate of `pem`, as the server records it.
+fn der_sha256(pem: &str) -> String {
+    let der = pem::parse(pem).unwrap().into_contents();
+    sha256_hex(&der)
+}
+
+/// Neither a key nor a token shows in the agent's log or metrics.
+fn assert_no_secret(agent: &Agent, secrets: &[&str]) {
+    let log = agent.log();
+    let metrics = agent.get("/metrics").map(|(_, b)| b).unwrap_or_default();
+    for secret in secrets {
+        // A key: any line of its base64 body; a token: the token itself.
+        let pieces: Vec<&str> = if secret.contains("PRIVATE KEY") {
+            secret
+                .lines()
+                .filter(|l| !l.starts_with("-----") && l.len() > 16)
+                .collect()
+        } else {
+            vec![*secret]
+        };
+        for piece in pieces {
+            assert!(!log.contains(piece), "a secret reached the log");
+            assert!(!metrics.contains(piece), "a secret reached the metrics");
+        }
+    }
+}
+
+fn start(node: &Node, kubeconfig: &Path) -> Agent {
+    let agent = Agent::start(
+        node,
+        &[SPEC],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    agent.wait_listening();
+    agent
+}
+
+fn verbose(agent: &Agent) -> String {
+    agent
+        .get("/readyz?verbose")
+        .map(|(_, b)| b)
+        .unwrap_or_default()
+}
+
+#[test]
+fn first_boot_without_a_kubeconfig_keeps_the_file_ready_and_converges_once_it_is_written() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (old, new) = (
+        Signer::new("kube-csr-signer-old", Algorithm::P256),
+        Signer::new("kube-csr-signer-new", Algorithm::P256),
+    );
+    // What the node's first configuration laid down, and what the cluster holds now.
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    fs::write(node.bundle(), old.pem()).unwrap();
+    api.put_configmap(
+        NS,
+        NAME,
+        &[("ca-bundle.crt", &(old.pem() + &new.pem()))],
+        &[],
+    );
+    let kubelet = node.root().join("var-lib-kubelet");
+    fs::create_dir_all(&kubelet).unwrap();
+    let kubeconfig = kubelet.join("kubeconfig");
+
+    let mut agent = start(&node, &kubeconfig);
+    // Up, ready on the adopted file, and saying why the source is down.
+    assert!(
+        eventually(5 * SECOND, || verbose(&agent)
+            .contains("[-]credentials failed")),
+        "{}",
+        verbose(&agent)
+    );
+    let page = verbose(&agent);
+    assert_eq!(agent.get("/readyz").map(|(c, _)| c), Some(200), "{page}");
+    assert!(
+        page.contains(&format!(
+            "kubeconfig {} does not exist yet",
+            kubeconfig.display()
+        )),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(
+            "[-]source:{SPEC} failed: source {SPEC}: no usable credentials"
+        )),
+        "{page}"
+    );
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_sync_errors_total",
+        &[("reason", "credentials")],
+        |v| v >= 1.0,
+    );
+    assert_eq!(agent.sample("kubelet_ca_source_up", &[]), Some(0.0));
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent exited"
+    );
+    assert!(node.holds(old.pem()), "the adopted file was changed");
+
+    // The kubelet bootstraps: its client certificate, then its kubeconfig.
+    let ca = kubelet.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let mut pki = KubeletPki::new(&kubelet);
+    let client =
+        api.issue_client_certificate("system:node:fixture-node", &["system:nodes"], 3600 * SECOND);
+    pki.rotate_to(&client.cert_pem, &client.key_pem);
+    write_atomically(
+        &kubeconfig,
+        kubeconfig_yaml(&api, &ca, &pki.user_yaml()).as_bytes(),
+    );
+
+    let took = wait_until(10 * SECOND, || node.holds(old.pem() + &new.pem()));
+    eprintln!("converged {took:?} after the kubeconfig appeared");
+    agent.wait_sample(5 * SECOND, "kubelet_ca_source_up", &[], |v| v == 1.0);
+    assert!(
+        verbose(&agent).contains("[+]credentials ok"),
+        "{}",
+        verbose(&agent)
+    );
+    // The identity in use is what the server saw.
+    let used = api
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.client_certificate_sha256.is_some())
+        .expect("a request with the client certificate");
+    assert_eq!(used.user, "system:node:fixture-node");
+    assert_no_secret(&agent, &[&client.key_pem]);
+    assert!(agent.terminate().success());
+}
+
+#[test]
+fn the_kubelets_client_certificate_rotation_is_followed_after_the_old_one_expired() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let signers: Vec<Signer> = (1..=3)
+        .map(|i| Signer::new(&format!("signer-{i}"), Algorithm::P256))
+        .collect();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signers[0].pem())], &[]);
+    let kubelet = node.root().join("var-lib-kubelet");
+    let mut pki = KubeletPki::new(&kubelet);
+    let ca = kubelet.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    // A certificate that expires in seconds, as the kubelet's does weeks after start.
+    let short =
+        api.issue_client_certificate("system:node:fixture-node", &["system:nodes"], 4 * SECOND);
+    pki.rotate_to(&short.cert_pem, &short.key_pem);
+    let kubeconfig = kubelet.join("kubeconfig");
+    write_atomically(
+        &kubeconfig,
+        kubeconfig_yaml(&api, &ca, &pki.user_yaml()).as_bytes(),
+    );
+
+    let agent = start(&node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(signers[0].pem()));
+    let short_not_after = short
+        .not_after
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as f64;
+    let user = [("embedded_kind", "user")];
+    assert_eq!(
+        agent.sample("x509_cert_not_after", &user),
+        Some(short_not_after)
+    );
+
+    // The kubelet rotates: a new dated file, the link swapped. Then the old one expires.
+    let renewed =
+        api.issue_client_certificate("system:node:fixture-node", &["system:nodes"], 3600 * SECOND);
+    pki.rotate_to(&renewed.cert_pem, &renewed.key_pem);
+    let renewed_not_after = renewed
+        .not_after
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as f64;
+    agent.wait_sample(5 * SECOND, "x509_cert_not_after", &user, |v| {
+        v == renewed_not_after
+    });
+    while SystemTime::now() < short.not_after + SECOND {
+        std::thread::sleep(SECOND / 4);
+    }
+    // Every watch ends and is opened again, after the old certificate's expiry.
+    api.close_watches();
+    for signer in &signers[1..] {
+        api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signer.pem())], &[]);
+        let took = wait_until(5 * SECOND, || node.holds(signer.pem()));
+        eprintln!("rotation reached the file in {took:?} with the renewed certificate");
+    }
+    let renewed_sha = der_sha256(&renewed.cert_pem);
+    let last = api.requests().into_iter().last().unwrap();
+    assert_eq!(
+        last.client_certificate_sha256.as_deref(),
+        Some(renewed_sha.as_str())
+    );
+    assert!(
+        agent
+            .log()
+            .contains("credentials for the API server changed"),
+        "{}",
+        agent.log()
+    );
+    assert_no_secret(&agent, &[&short.key_pem, &renewed.key_pem]);
+}
+
+#[test]
+fn an_expired_client_certificate_is_named_with_its_not_after() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let signer = Signer::new("signer", Algorithm::P256);
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signer.pem())], &[]);
+    let kubelet = node.root().join("var-lib-kubelet");
+    let mut pki = KubeletPki::new(&kubelet);
+    let ca = kubelet.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let short = api.issue_client_certificate("system:node:fixture-node", &[], 3 * SECOND);
+    pki.rotate_to(&short.cert_pem, &short.key_pem);
+    let kubeconfig = kubelet.join("kubeconfig");
+    write_atomically(
+        &kubeconfig,
+        kubeconfig_yaml(&api, &ca, &pki.user_yaml()).as_bytes(),
+    );
+    let agent = start(&node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(signer.pem()));
+    while SystemTime::now() < short.not_after + SECOND {
+        std::thread::sleep(SECOND / 4);
+    }
+    api.close_watches();
+    assert!(
+        eventually(10 * SECOND, || verbose(&agent).contains("expired at")),
+        "{}",
+        verbose(&agent)
+    );
+    let page = verbose(&agent);
+    assert!(page.contains("HTTP 401"), "{page}");
+    assert!(page.contains("the client certificate in use"), "{page}");
+    assert_eq!(agent.get("/readyz").map(|(c, _)| c), Some(200));
+}
+
+#[test]
+fn the_api_servers_new_ca_is_followed_once_the_ca_file_has_it() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let dir = node.root().join("kube");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let token = dir.join("token");
+    fs::write(&token, api.token()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let user = format!("    tokenFile: {}", token.display());
+    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
+    let agent = start(&node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+    let pid = agent.child.id();
+
+    // As a cluster rotates its serving CA: the CA file gains the new CA first...
+    let next = api.next_serving_ca();
+    write_atomically(&ca, format!("{}{next}", api.ca_pem()).as_bytes());
+    agent.wait_sample(
+        5 * SECOND,
+        "x509_cert_not_after",
+        &[("embedded_kind", "cluster")],
+        |_| true,
+    );
+    wait_until(5 * SECOND, || {
+        agent
+            .get("/metrics")
+            .is_some_and(|(_, b)| b.matches("embedded_kind=\"cluster\"").count() == 6)
+    });
+    // ... then the server moves to it, and every connection is new.
+    api.switch_serving_ca();
+    api.restart();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    let took = wait_until(10 * SECOND, || node.holds(b.pem()));
+    eprintln!("followed the new serving CA: the rotation arrived {took:?} after the switch");
+    assert_eq!(agent.child.id(), pid);
+    assert!(
+        !agent.log().contains("unknown authority"),
+        "{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn a_server_ca_the_agent_does_not_have_yet_is_named_and_recovered_from() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let dir = node.root().join("kube");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    let old_ca = api.ca_pem();
+    fs::write(&ca, &old_ca).unwrap();
+    let token = dir.join("token");
+    fs::write(&token, api.token()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let user = format!("    tokenFile: {}", token.display());
+    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
+    let mut agent = start(&node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+
+    // The server moves to a CA the file does not have yet.
+    let next = api.next_serving_ca();
+    api.switch_serving_ca();
+    api.restart();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    let expected = format!("{}: TLS: unknown authority", api.url());
+    assert!(
+        eventually(10 * SECOND, || verbose(&agent).contains(&expected)),
+        "{}",
+        verbose(&agent)
+    );
+    assert!(verbose(&agent).contains(&format!("certificate-authority {}", ca.display())));
+    assert!(node.holds(a.pem()));
+    assert!(agent.log().contains(&expected), "{}", agent.log());
+
+    // The CA file gains it: the agent recovers, without a restart.
+    write_atomically(&ca, format!("{old_ca}{next}").as_bytes());
+    let took = wait_until(10 * SECOND, || node.holds(b.pem()));
+    eprintln!("recovered {took:?} after the CA file gained the new CA");
+    assert!(agent.child.try_wait().unwrap().is_none());
+}
+
+#[test]
+fn a_replaced_token_file_is_followed_and_the_old_token_refused() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let dir = node.root().join("serviceaccount");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let token = dir.join("token");
+    let first = api.token().to_string();
+    fs::write(&token, &first).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let user = format!("    tokenFile: {}", token.display());
+    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
+    let agent = start(&node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+
+    let second = api.rotate_token();
+    write_atomically(&token, second.as_bytes());
+    api.close_watches();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    let took = wait_until(5 * SECOND, || node.holds(b.pem()));
+    eprintln!("the new token carried the rotation in {took:?}");
+    assert_no_secret(&agent, &[&first, &second]);
+}
+
+#[test]
+fn credentials_written_in_place_slowly_never_crash_the_agent_nor_mix_a_pair() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let signers: Vec<Signer> = (1..=2)
+        .map(|i| Signer::new(&format!("signer-{i}"), Algorithm::P256))
+        .collect();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signers[0].pem())], &[]);
+    let dir = node.root().join("kube");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let (cert_file, key_file) = (dir.join("client.crt"), dir.join("client.key"));
+    let first = api.issue_client_certificate("system:node:first", &[], 3600 * SECOND);
+    fs::write(&cert_file, &first.cert_pem).unwrap();
+    fs::write(&key_file, &first.key_pem).unwrap();
+    let user = format!(
+        "    client-certificate: {}\n    client-key: {}",
+        cert_file.display(),
+        key_file.display()
+    );
+    let kubeconfig = dir.join("kubeconfig");
+    let yaml = kubeconfig_yaml(&api, &ca, &user);
+    fs::write(&kubeconfig, &yaml).unwrap();
+    let mut agent = start(&node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(signers[0].pem()));
+
+    // In place, a few bytes at a time: the kubeconfig, then the certificate, then its key.
+    let second = api.issue_client_certificate("system:node:second", &[], 3600 * SECOND);
+    let slowly = |path: &Path, content: &str| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .unwrap();
+        for chunk in content.as_bytes().chunks(content.len() / 6 + 1) {
+            file.write_all(chunk).unwrap();
+            file.flush().unwrap();
+            std::thread::sleep(SECOND / 5);
+        }
+    };
+    slowly(&kubeconfig, &yaml);
+    slowly(&cert_file, &second.cert_pem);
+    slowly(&key_file, &second.key_pem);
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent exited"
+    );
+
+    api.close_watches();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signers[1].pem())], &[]);
+    wait_until(10 * SECOND, || node.holds(signers[1].pem()));
+    // Every request carried a whole pair: the first identity or the second, never a
+    // certificate with the other's key (that handshake fails before any request).
+    // The watch is resumed with the second identity once its pair is whole.
+    assert!(
+        eventually(5 * SECOND, || api
+            .requests()
+            .iter()
+            .any(|r| r.user == "system:node:second")),
+        "{}",
+        agent.log()
+    );
+    let known = [der_sha256(&first.cert_pem), der_sha256(&second.cert_pem)];
+    for request in api.requests() {
+        let sha = request
+            .client_certificate_sha256
+            .expect("a client certificate");
+        assert!(
+            known.contains(&sha),
+            "an unknown client certificate was presented"
+        );
+        assert!(
+            !request.user.is_empty(),
+            "a request was refused: {}",
+            request.user
+        );
+    }
+    let last = api.requests().into_iter().last().unwrap();
+    assert_eq!(last.user, "system:node:second", "{}", agent.log());
+    let log = agent.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert_no_secret(&agent, &[&first.key_pem, &second.key_pem]);
+}
+
+#[test]
+fn sync_without_usable_credentials_exits_1_with_the_cause_once() {
+    let node = Node::new();
+    let missing = node.root().join("var-lib-kubelet").join("kubeconfig");
+    let out = node.sync(&[SPEC], &["--kubeconfig", missing.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.matches("does not exist").count(), 1, "{err}");
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    assert!(err.contains("pass --kubeconfig"), "{err}");
+}
