@@ -31,6 +31,11 @@
 //!   re-verification; the bytes the agent read while idle (/proc/PID/io) show it.
 //! - API requests while idle: no list; watch requests only as each watch ends at its
 //!   `timeoutSeconds` (100 s by design) and is resumed, so 0 or 1 in 60 s; one open watch.
+//! - Idle CPU with the agent's own credentials in files, laid out as the kubelet's are (a
+//!   kubeconfig naming a CA file and `pki/kubelet-client-current.pem`, a link to a dated
+//!   certificate-and-key file), beside an agent whose kubeconfig holds everything inline,
+//!   both in the same run and over the same window: what watching and re-reading the
+//!   credential files costs.
 //! - Start to READY=1 when a valid file is adopted and the API server is down (5 starts).
 //!
 //! The certificates are a realistic mix, mostly RSA-2048 (see `support/signers.rs`).
@@ -108,6 +113,7 @@ fn main() {
     let pool = KeyPool::new(if full { 32 } else { 4 });
     let mut table = Table::new("daemon: kubelet-ca-agent run", !full);
     cluster_rotations(&run, &pool, &mut table);
+    credentials_idle(&run, &pool, &mut table);
     cluster_large(&run, &pool, &mut table);
     local_large(&run, &pool, &mut table);
     ready_on_adoption(&run, &pool, &mut table);
@@ -276,6 +282,73 @@ fn cluster_rotations(run: &Run, pool: &KeyPool, table: &mut Table) {
         "1",
         open.to_string(),
         open == 1,
+    );
+}
+
+/// Idle CPU of two agents side by side, one with its credentials inline in the kubeconfig,
+/// one with them in files as the kubelet lays them out (watched through their directories,
+/// the link's target too, and read again once a minute): the second costs nothing more.
+fn credentials_idle(run: &Run, pool: &KeyPool, table: &mut Table) {
+    let api = ApiServer::start();
+    api.set_bookmark_interval(Duration::from_secs(60));
+    let bundle = pool.bundle(10, "idle");
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &bundle)], &[]);
+    let source = format!("configmap:{NS}/{NAME}");
+    let inline = Agent::start(
+        tempfile::tempdir().unwrap(),
+        std::slice::from_ref(&source),
+        Some(api.kubeconfig()),
+        None,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = dir.path().join("var-lib-kubelet");
+    fs::create_dir_all(kubelet.join("pki")).unwrap();
+    let client = api.issue_client_certificate(
+        "system:node:bench",
+        &["system:nodes"],
+        Duration::from_secs(3600),
+    );
+    let dated = kubelet.join("pki/kubelet-client-2026-11-23-10-00-00.pem");
+    fs::write(&dated, format!("{}{}", client.cert_pem, client.key_pem)).unwrap();
+    let current = kubelet.join("pki/kubelet-client-current.pem");
+    std::os::unix::fs::symlink(&dated, &current).unwrap();
+    let ca = kubelet.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let kubeconfig = kubelet.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+            api.url(),
+            ca.display(),
+            current.display(),
+            current.display()
+        ),
+    )
+    .unwrap();
+    let files = Agent::start(dir, &[source], Some(&kubeconfig), None);
+    for agent in [&inline, &files] {
+        agent.wait_holds(&bundle, Duration::from_secs(20));
+    }
+    std::thread::sleep(SETTLE);
+    let before = [inline.cpu_time(), files.cpu_time()];
+    std::thread::sleep(run.idle);
+    let inline_cpu = inline.cpu_time() - before[0];
+    let files_cpu = files.cpu_time() - before[1];
+    let secs = run.idle.as_secs();
+    table.info(
+        &format!("idle CPU over {secs} s, credentials inline in the kubeconfig"),
+        ms(inline_cpu),
+    );
+    table.check(
+        &format!("idle CPU over {secs} s, credentials in 3 files (kubelet layout), same window"),
+        &format!("< {} ms", 50 * secs.max(1) / 60),
+        format!(
+            "{} ({:+.2} ms beside inline)",
+            ms(files_cpu),
+            (files_cpu.as_secs_f64() - inline_cpu.as_secs_f64()) * 1000.0
+        ),
+        files_cpu.as_secs_f64() * 60.0 < 0.050 * run.idle.as_secs_f64().max(1.0),
     );
 }
 

@@ -624,6 +624,12 @@ async fn follow<K, T: Clone>(
                     Err(error) => Failure::then(Phase::Watch { rv }, error),
                 }
             }
+            // Credentials newer than the watch's (seen at the top of this turn, perhaps
+            // while an event was being handled): resume the watch with them now.
+            Phase::Watching { rv, generation, .. } if generation != creds.generation => {
+                phase = Phase::Watch { rv };
+                continue;
+            }
             Phase::Watching {
                 rv,
                 mut events,
