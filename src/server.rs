@@ -4,13 +4,20 @@
 //! authenticated, authorized identity (a client certificate, [`tls`], checked against the
 //! allow-list, [`auth`]), unless `--insecure-metrics` (loopback only) turns that off.
 //!
-//! Each connection is a task of its own with a deadline on the TLS handshake and on every
-//! request's headers, and a bound on their size: a silent or slow client is dropped, and
-//! any number of idle connections cost a task each, never a place in a queue that a scrape
-//! or a probe would wait behind.
+//! Each connection is a task of its own with a deadline on the TLS handshake, on every
+//! request's headers, on each request's handling and on every write, and a bound on the
+//! headers' size: a silent, slow or unreading client is dropped. Connections are capped
+//! ([`Limits`]) below the process's descriptor limit, with descriptors kept back for the
+//! agent's own reads and a small reserve of connections that serve only the health paths,
+//! so that a flood of connections never stops a probe or the loop. A client's certificate
+//! chain is bounded and verified once per connection ([`tls::PeerChain`]).
+//!
+//! The endpoint runs on threads of its own ([`spawn`]), apart from the watches, the file
+//! watcher and the reconciliation loop: nothing a client does there holds them.
 
 pub mod auth;
 pub mod endpoint;
+pub mod repeated;
 pub mod review;
 pub mod tls;
 
@@ -25,7 +32,6 @@ use axum::{Extension, Router};
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use rustls::pki_types::CertificateDer;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -35,7 +41,8 @@ use crate::metrics;
 use crate::status::StatusRx;
 use crate::text::escape;
 pub use auth::Guard;
-use tls::Tls;
+use repeated::Repeated;
+use tls::{PeerChain, Tls};
 
 /// How long a liveness probe waits for the loop to answer.
 const LIVENESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -104,10 +111,12 @@ struct App {
     credentials: Option<Credentials>,
 }
 
-/// What a connection brought with it: the client's certificate chain, if any.
+/// What a connection brought with it: the client's certificate chain, if any, and whether
+/// it came in on the reserve kept for health checks.
 #[derive(Clone, Default)]
 struct Peer {
-    chain: Arc<Vec<CertificateDer<'static>>>,
+    chain: PeerChain,
+    reserve: bool,
 }
 
 /// A TLS handshake must be done within this.
@@ -117,6 +126,68 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Request headers larger than this are refused (hyper's smallest allowed buffer is 8 KiB).
 const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// A connection whose writes make no progress for this long is closed: a client that sends
+/// requests and never reads the answers holds nothing for longer.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request is answered within this, or with a 503 (a review's own deadline is 10 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Connections at most, whatever the descriptor limit allows.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Connections past the cap that are still served, for the health paths only, one request
+/// each with a short header deadline: the kubelet's probes get in while clients hold every
+/// other place.
+pub const PROBE_RESERVE: usize = 8;
+/// Descriptors kept back from connections for the agent's own work: the bundle, its
+/// sources, the state directory, inotify, the watches and reviews to the API server.
+pub const FD_RESERVE: usize = 64;
+/// The header deadline on a reserve connection.
+const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many connections the endpoint serves at once: [`MAX_CONNECTIONS`], or fewer when the
+/// descriptor limit is low, keeping [`FD_RESERVE`] descriptors and the probe reserve free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub connections: usize,
+    pub reserve: usize,
+}
+
+impl Limits {
+    /// From the descriptor limit, after raising its soft value to the hard one (as Go
+    /// programs do at start).
+    pub fn for_process() -> Limits {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+            Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+            {
+                Ok(()) => hard,
+                Err(_) => soft,
+            },
+            Ok((soft, _)) => soft,
+            Err(_) => 1024,
+        };
+        let limits = Limits::for_descriptors(soft);
+        if limits.connections < MAX_CONNECTIONS {
+            tracing::warn!(
+                open_files_limit = soft,
+                connections = limits.connections,
+                "the open-files limit is low: the endpoint serves at most {} connections (raise LimitNOFILE= or ulimit -n to {} for {MAX_CONNECTIONS})",
+                limits.connections,
+                MAX_CONNECTIONS + PROBE_RESERVE + FD_RESERVE
+            );
+        }
+        limits
+    }
+
+    pub fn for_descriptors(limit: u64) -> Limits {
+        let spare = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(FD_RESERVE + PROBE_RESERVE);
+        Limits {
+            connections: spare.clamp(1, MAX_CONNECTIONS),
+            reserve: PROBE_RESERVE,
+        }
+    }
+}
 
 pub fn router(
     status: StatusRx,
@@ -140,64 +211,373 @@ pub fn router(
         .with_state(app)
 }
 
-/// Accepts connections until the process ends, each served by a task of its own.
-pub async fn serve(listener: tokio::net::TcpListener, router: Router, tls: Option<Arc<Tls>>) {
+/// Serves `router` on `listener` on threads of the endpoint's own (a runtime of two worker
+/// threads that nothing else uses), for as long as the process runs.
+pub fn spawn(
+    listener: std::net::TcpListener,
+    router: Router,
+    tls: Option<Arc<Tls>>,
+    limits: Limits,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("kubelet-ca-agent-http")
+        .enable_all()
+        .build()
+        .context("cannot start the endpoint's runtime")?;
+    std::thread::Builder::new()
+        .name("kubelet-ca-agent-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => serve(listener, router, tls, limits).await,
+                    Err(e) => tracing::error!(error = %e, "the endpoint cannot listen"),
+                }
+            })
+        })
+        .context("cannot start the endpoint's thread")?;
+    Ok(())
+}
+
+/// Accepts connections until the process ends, each served by a task of its own, at most
+/// `limits.connections` at once plus `limits.reserve` for the health paths. When every place
+/// is taken, a new connection takes the place of the oldest idle one (still in its TLS
+/// handshake, or waiting for a request): a silent client holds nothing another needs. Only
+/// when every connection is busy (a request being answered, bounded by [`REQUEST_TIMEOUT`]
+/// and [`WRITE_TIMEOUT`]) is a new one closed at once.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    tls: Option<Arc<Tls>>,
+    limits: Limits,
+) {
+    let places = Connections::new(limits.connections);
+    let reserve = Connections::new(limits.reserve);
+    let accept_failures = Repeated::new("accepting connections");
+    let refused = Repeated::new("taking connections");
     loop {
         let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                accept_failures.succeeded();
+                stream
+            }
             Err(e) => {
                 // Out of descriptors, most likely: let connections close, then go on.
-                tracing::warn!(error = %e, "cannot accept a connection");
+                accept_failures.failed(&format!("cannot accept a connection: {e}"));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
+        let (place, on_reserve) = match places.admit() {
+            Some(place) => (place, false),
+            None => match reserve.admit() {
+                Some(place) => (place, true),
+                None => {
+                    refused.failed(&format!(
+                        "all {} connections (and {} for health checks) are busy answering: closing new connections at once",
+                        limits.connections, limits.reserve
+                    ));
+                    drop(stream);
+                    continue;
+                }
+            },
+        };
+        if !on_reserve {
+            refused.succeeded();
+        }
         let _ = stream.set_nodelay(true);
         let (router, tls) = (router.clone(), tls.clone());
         tokio::spawn(async move {
-            let Some(tls) = tls else {
-                return serve_connection(stream, router, Peer::default()).await;
-            };
-            let acceptor = TlsAcceptor::from(tls.current().config.clone());
-            let stream =
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => stream,
-                    // A failed or abandoned handshake: nothing to answer.
-                    Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
-                    Err(_) => return tracing::debug!("TLS handshake timed out"),
-                };
-            let chain = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
-                .unwrap_or_default();
-            serve_connection(
-                stream,
-                router,
-                Peer {
-                    chain: Arc::new(chain),
-                },
-            )
-            .await
+            let state = place.state.clone();
+            tokio::select! {
+                () = state.close.notified() => {
+                    tracing::debug!("closed an idle connection to make room for a new one");
+                }
+                () = connection(stream, router, tls, state.clone(), on_reserve) => {}
+            }
+            drop(place);
         });
     }
 }
 
-async fn serve_connection<I>(io: I, router: Router, peer: Peer)
+/// One connection: the TLS handshake, if any, then its requests.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    router: Router,
+    tls: Option<Arc<Tls>>,
+    state: Arc<Connection>,
+    reserve: bool,
+) {
+    let stream = Deadline::new(stream, state.clone());
+    let Some(tls) = tls else {
+        let peer = Peer {
+            chain: PeerChain::default(),
+            reserve,
+        };
+        return serve_connection(stream, router, peer, state).await;
+    };
+    let acceptor = TlsAcceptor::from(tls.current().config.clone());
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        // A failed or abandoned handshake: nothing to answer.
+        Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+        Err(_) => return tracing::debug!("TLS handshake timed out"),
+    };
+    let chain = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default();
+    let peer = Peer {
+        chain: PeerChain::new(chain),
+        reserve,
+    };
+    serve_connection(stream, router, peer, state).await
+}
+
+/// The connections of one pool, oldest first, and how many it may hold.
+struct Connections {
+    limit: usize,
+    table: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Connection>>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// What the pool knows of one connection: whether it is busy, and how to close it.
+#[derive(Default)]
+struct Connection {
+    /// Requests being answered.
+    requests: std::sync::atomic::AtomicUsize,
+    /// A write waits for the client to read.
+    stalled: std::sync::atomic::AtomicBool,
+    close: tokio::sync::Notify,
+}
+
+impl Connection {
+    fn idle(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.requests.load(Relaxed) == 0 && !self.stalled.load(Relaxed)
+    }
+}
+
+/// A connection's place in its pool, given back when dropped.
+struct Place {
+    id: u64,
+    state: Arc<Connection>,
+    table: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Connection>>>>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+impl Connections {
+    fn new(limit: usize) -> Connections {
+        Connections {
+            limit,
+            table: Arc::default(),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// A place for a new connection: a free one, or that of the oldest idle connection,
+    /// which is told to close. None when every connection is busy.
+    fn admit(&self) -> Option<Place> {
+        let mut table = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if table.len() >= self.limit {
+            let oldest_idle = table.iter().find(|(_, c)| c.idle()).map(|(id, _)| *id)?;
+            if let Some(evicted) = table.remove(&oldest_idle) {
+                evicted.close.notify_one();
+            }
+        }
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let state = Arc::new(Connection::default());
+        table.insert(id, state.clone());
+        Some(Place {
+            id,
+            state,
+            table: self.table.clone(),
+        })
+    }
+}
+
+async fn serve_connection<I>(io: I, router: Router, peer: Peer, state: Arc<Connection>)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let reserve = peer.reserve;
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(peer.clone());
-        router.clone().oneshot(request)
+        let router = router.clone();
+        let busy = Busy::new(state.clone());
+        async move {
+            let _busy = busy;
+            match tokio::time::timeout(REQUEST_TIMEOUT, router.oneshot(request)).await {
+                Ok(answer) => answer,
+                Err(_) => Ok((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the request took too long to answer\n",
+                )
+                    .into_response()),
+            }
+        }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
+        .header_read_timeout(if reserve {
+            RESERVE_HEADER_TIMEOUT
+        } else {
+            HEADER_TIMEOUT
+        })
+        .keep_alive(!reserve)
         .max_buf_size(MAX_HEADER_BYTES);
     if let Err(e) = http.serve_connection(TokioIo::new(io), service).await {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// A request being answered on a connection, for as long as it lives.
+struct Busy(Arc<Connection>);
+
+impl Busy {
+    fn new(state: Arc<Connection>) -> Busy {
+        state
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy(state)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0
+            .requests
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A connection's transport with a deadline on writes: a write (or flush) that makes no
+/// progress for [`WRITE_TIMEOUT`] fails, and the connection is dropped. hyper's header
+/// deadline covers reading a request; nothing else would end a connection whose client
+/// stopped reading the answers.
+struct Deadline<T> {
+    inner: T,
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Told when a write waits for the client: such a connection is busy, not idle.
+    state: Arc<Connection>,
+}
+
+impl<T> Deadline<T> {
+    fn new(inner: T, state: Arc<Connection>) -> Deadline<T> {
+        Deadline {
+            inner,
+            stalled: None,
+            state,
+        }
+    }
+
+    /// After a write that made no progress: an error once the deadline has passed.
+    fn stall(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Error> {
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_TIMEOUT)));
+        sleep.as_mut().poll(cx).map(|()| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for the write timeout",
+            )
+        })
+    }
+
+    fn progress<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<R>>,
+    ) -> std::task::Poll<std::io::Result<R>> {
+        use std::task::Poll;
+        let stalled = |deadline: &Self, yes| {
+            deadline
+                .state
+                .stalled
+                .store(yes, std::sync::atomic::Ordering::Relaxed)
+        };
+        match polled {
+            Poll::Pending => {
+                stalled(self, true);
+                match self.stall(cx) {
+                    Poll::Ready(e) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            ready => {
+                stalled(self, false);
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Deadline<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Deadline<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.progress(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.progress(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_flush(cx);
+        this.progress(cx, polled)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.progress(cx, polled)
     }
 }
 
@@ -216,6 +596,8 @@ async fn live(State(app): State<App>) -> Response {
 async fn ready(
     State(app): State<App>,
     Query(query): Query<std::collections::HashMap<String, String>>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
 ) -> Response {
     let status = app.status.borrow().clone();
     let ready = status.ready();
@@ -240,12 +622,21 @@ async fn ready(
             ("credentials".to_string(), credentials_problem(credentials)),
         );
     }
+    // The reasons name files, the agent's identity and the API server's words: only a
+    // client that may read /readyz by the rules of /metrics gets them; others get the
+    // checks and "reason withheld", as the API server answers its anonymous callers.
+    let peer = peer.map(|Extension(p)| p.chain).unwrap_or_default();
+    let detailed = checks.iter().all(|(_, problem)| problem.is_none())
+        || app.guard.admit(&peer, &headers, "/readyz").await.is_ok();
     let mut body = String::new();
     // Names and reasons carry outside text (paths, source specs, API errors).
     for (name, problem) in checks {
         match problem {
             None => body.push_str(&format!("[+]{} ok\n", escape(&name))),
-            Some(why) => body.push_str(&format!("[-]{} failed: {}\n", escape(&name), escape(&why))),
+            Some(why) if detailed => {
+                body.push_str(&format!("[-]{} failed: {}\n", escape(&name), escape(&why)))
+            }
+            Some(_) => body.push_str(&format!("[-]{} failed: reason withheld\n", escape(&name))),
         }
     }
     body.push_str(if ready {
@@ -269,17 +660,23 @@ fn credentials_problem(credentials: &Credentials) -> Option<String> {
     }
 }
 
-/// Why `/metrics` refuses a request: 401 for who, 403 for may not.
-fn refuse(code: StatusCode, why: &str) -> Response {
-    (
-        code,
-        format!(
-            "{}: {}\n",
-            code.canonical_reason().unwrap_or(""),
-            escape(why)
-        ),
-    )
-        .into_response()
+/// Why `/metrics` refuses a request: 401 for who, 403 for may not, 503 or 429 when the
+/// request was shed under load (with when to try again).
+fn refuse(refusal: &auth::Refusal) -> Response {
+    let body = format!(
+        "{}: {}\n",
+        refusal.code.canonical_reason().unwrap_or(""),
+        escape(&refusal.why)
+    );
+    match refusal.retry_after {
+        Some(seconds) => (
+            refusal.code,
+            [(header::RETRY_AFTER, seconds.to_string())],
+            body,
+        )
+            .into_response(),
+        None => (refusal.code, body).into_response(),
+    }
 }
 
 async fn metrics_handler(
@@ -287,9 +684,17 @@ async fn metrics_handler(
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
 ) -> Response {
-    let chain = peer.map(|Extension(p)| p.chain).unwrap_or_default();
-    if let Err(refusal) = app.guard.admit(&chain, &headers, "/metrics").await {
-        return refuse(refusal.code, &refusal.why);
+    let peer = peer.map(|Extension(p)| p).unwrap_or_default();
+    if peer.reserve {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "the endpoint is at its connection limit; only health checks are served on this connection\n",
+        )
+            .into_response();
+    }
+    if let Err(refusal) = app.guard.admit(&peer.chain, &headers, "/metrics").await {
+        return refuse(&refusal);
     }
     let wants_openmetrics = headers
         .get(header::ACCEPT)
@@ -312,6 +717,43 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+
+    #[test]
+    fn a_full_pool_makes_room_by_closing_its_oldest_idle_connection_never_a_busy_one() {
+        let pool = Connections::new(3);
+        let places: Vec<Place> = (0..3).map(|_| pool.admit().unwrap()).collect();
+        // The oldest is answering a request, the second waits for its client to read.
+        let busy = Busy::new(places[0].state.clone());
+        places[1]
+            .state
+            .stalled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let fourth = pool.admit().expect("the idle third makes room");
+        assert_eq!(pool.table.lock().unwrap().len(), 3);
+        assert!(!pool.table.lock().unwrap().contains_key(&places[2].id));
+        // Every connection busy now: a new one is refused.
+        let _also_busy = Busy::new(fourth.state.clone());
+        assert!(pool.admit().is_none());
+        // A request answered: that connection is idle again, and gives its place.
+        drop(busy);
+        assert!(pool.admit().is_some());
+        assert!(!pool.table.lock().unwrap().contains_key(&places[0].id));
+    }
+
+    #[test]
+    fn connections_are_capped_below_the_descriptor_limit() {
+        assert_eq!(
+            Limits::for_descriptors(1 << 20).connections,
+            MAX_CONNECTIONS
+        );
+        assert_eq!(
+            Limits::for_descriptors(256).connections,
+            256 - FD_RESERVE - PROBE_RESERVE
+        );
+        // Never none at all, however low the limit.
+        assert_eq!(Limits::for_descriptors(10).connections, 1);
+        assert_eq!(Limits::for_descriptors(256).reserve, PROBE_RESERVE);
+    }
 
     /// The loop's side, answering every ping until dropped (what the reconciler does
     /// between passes).

@@ -14,8 +14,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use rustls::pki_types::CertificateDer;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use super::review::{self, AccessVerdict, TokenVerdict};
-use super::tls::Tls;
+use super::repeated::Repeated;
+use super::review::{self, AccessVerdict, Shed, TokenVerdict};
+use super::tls::{PeerChain, Tls};
 
 /// An authenticated client: a user name, its groups, and what a TokenReview adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,14 +29,15 @@ pub struct Identity {
 
 impl Identity {
     /// The identity a client certificate names, as the kubelet and the API server read it:
-    /// the subject's CN is the user, its O values the groups.
+    /// the subject's CN is the user, its O values the groups. A subject with several CNs
+    /// names its last one, as Go's `pkix.Name` reads it (each CN overwrites the one before).
     pub fn of_certificate(der: &CertificateDer<'_>) -> Result<Identity, String> {
         let (_, cert) = X509Certificate::from_der(der)
             .map_err(|_| "the client certificate does not parse".to_string())?;
         let subject = cert.subject();
         let user = subject
             .iter_common_name()
-            .next()
+            .last()
             .and_then(|cn| cn.as_str().ok())
             .filter(|cn| !cn.is_empty())
             .ok_or("the client certificate has no subject CN to name its user")?
@@ -81,6 +83,9 @@ pub struct Guard {
     /// `--authentication-token-webhook`: bearer tokens, reviewed.
     pub tokens: Option<review::Tokens>,
     pub authorization: Authorization,
+    /// Reviews that cannot be made: logged when they start failing and when they work
+    /// again, not once per request (a cached failure is answered many times).
+    pub review_failures: Repeated,
 }
 
 /// A request turned away: the status, and why, in words safe to show the client.
@@ -88,12 +93,34 @@ pub struct Guard {
 pub struct Refusal {
     pub code: StatusCode,
     pub why: String,
+    /// Seconds for a `Retry-After` header, when the request was shed under load.
+    pub retry_after: Option<u64>,
 }
 
 fn refusal(code: StatusCode, why: impl Into<String>) -> Refusal {
     Refusal {
         code,
         why: why.into(),
+        retry_after: None,
+    }
+}
+
+/// A request turned away because the reviews it needs cannot start now.
+fn shed(shed: Shed) -> Refusal {
+    let (code, why) = match shed {
+        Shed::Busy => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many reviews are in flight to the API server; try again",
+        ),
+        Shed::RateLimited => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many new reviews in a short time; try again",
+        ),
+    };
+    Refusal {
+        code,
+        why: why.to_string(),
+        retry_after: Some(1),
     }
 }
 
@@ -103,26 +130,26 @@ impl Guard {
     /// whether it may.
     pub async fn admit(
         &self,
-        chain: &[CertificateDer<'static>],
+        peer: &PeerChain,
         headers: &HeaderMap,
         path: &str,
     ) -> Result<Option<Identity>, Refusal> {
         if self.insecure {
             return Ok(None);
         }
-        let identity = self.authenticate(chain, headers).await?;
+        let identity = self.authenticate(peer, headers).await?;
         self.authorize(&identity, path).await?;
         Ok(Some(identity))
     }
 
     async fn authenticate(
         &self,
-        chain: &[CertificateDer<'static>],
+        peer: &PeerChain,
         headers: &HeaderMap,
     ) -> Result<Identity, Refusal> {
-        let certificate = match (&self.tls, chain.is_empty()) {
+        let certificate = match (&self.tls, peer.is_empty()) {
             (_, true) => None,
-            (Some(tls), false) => Some(tls.current().identify(chain)),
+            (Some(tls), false) => Some(peer.identify(tls)),
             (None, false) => Some(Err("client certificates are not checked here".to_string())),
         };
         let certificate_failed = match certificate {
@@ -133,16 +160,26 @@ impl Guard {
         let token = bearer(headers);
         match (token, &self.tokens) {
             (Some(token), Some(tokens)) => match tokens.authenticate(token).await {
-                TokenVerdict::Authenticated(identity) => Ok(identity),
-                TokenVerdict::Rejected => Err(refusal(
-                    StatusCode::UNAUTHORIZED,
-                    "the bearer token was not accepted",
-                )),
-                TokenVerdict::Failed(why) => {
-                    tracing::warn!("cannot check a bearer token: {why}");
+                Err(shedding) => Err(shed(shedding)),
+                Ok(TokenVerdict::Authenticated(identity)) => {
+                    self.review_failures.succeeded();
+                    Ok(identity)
+                }
+                Ok(TokenVerdict::Rejected) => {
+                    self.review_failures.succeeded();
                     Err(refusal(
                         StatusCode::UNAUTHORIZED,
-                        format!("the bearer token could not be checked: {why}"),
+                        "the bearer token was not accepted",
+                    ))
+                }
+                Ok(TokenVerdict::Failed(why)) => {
+                    // The detail (the API server's words) goes to the log, once per spell
+                    // of failures; the client learns only that it could not be checked.
+                    self.review_failures
+                        .failed(&format!("cannot check bearer tokens: {why}"));
+                    Err(refusal(
+                        StatusCode::UNAUTHORIZED,
+                        "the bearer token could not be checked (the API server could not be asked); try again later",
                     ))
                 }
             },
@@ -188,14 +225,22 @@ impl Guard {
             Authorization::AllowList { .. } => Err(not_allowed("")),
             Authorization::AnyAuthenticated => Ok(()),
             Authorization::Webhook(access) => match access.review(identity, path).await {
-                AccessVerdict::Allowed => Ok(()),
-                AccessVerdict::Denied(reason) => Err(not_allowed(&reason)),
-                AccessVerdict::Failed(why) => {
-                    tracing::warn!("cannot authorize a request: {why}");
+                Err(shedding) => Err(shed(shedding)),
+                Ok(AccessVerdict::Allowed) => {
+                    self.review_failures.succeeded();
+                    Ok(())
+                }
+                Ok(AccessVerdict::Denied(reason)) => {
+                    self.review_failures.succeeded();
+                    Err(not_allowed(&reason))
+                }
+                Ok(AccessVerdict::Failed(why)) => {
+                    self.review_failures
+                        .failed(&format!("cannot authorize requests: {why}"));
                     Err(refusal(
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!(
-                            "cannot tell whether user {:?} may get {path}: {why}",
+                            "cannot tell whether user {:?} may get {path} (the API server could not be asked); try again later",
                             identity.user
                         ),
                     ))

@@ -44,7 +44,7 @@ impl Endpoint {
     ) -> anyhow::Result<Endpoint> {
         check_listen(server)?;
         let (tls, guard) = guard(server, bundle, credentials)?;
-        let listener = bind(server.listen).await?;
+        let listener = bind(server.listen)?;
         let registry = metrics::registry(
             metrics,
             status.clone(),
@@ -52,7 +52,7 @@ impl Endpoint {
             server.node_name.as_deref(),
         );
         let router = super::router(status, registry, liveness, guard, credentials.cloned());
-        tokio::spawn(super::serve(listener, router, tls.clone()));
+        super::spawn(listener, router, tls.clone(), super::Limits::for_process())?;
         let follows_bundle = tls
             .as_ref()
             .and_then(|t| t.client_ca())
@@ -145,8 +145,11 @@ fn guard(
             UsageError("the webhooks need a Kubernetes client (--kubeconfig)".to_string())
         })
     };
+    // One bound on the reviews in flight and their rate, for both kinds.
+    let limiter = Arc::new(review::Limiter::default());
     let tokens = if server.authentication_token_webhook {
         Some(review::Tokens::new(
+            limiter.clone(),
             webhook_client()?,
             server
                 .authentication_token_audiences
@@ -174,6 +177,7 @@ fn guard(
         Authorization::AllowList { users, groups }
     } else if server.authorization_webhook {
         Authorization::Webhook(review::Access::new(
+            limiter,
             webhook_client()?,
             server.authorization_webhook_cache_authorized_ttl,
             server.authorization_webhook_cache_unauthorized_ttl,
@@ -195,6 +199,7 @@ fn guard(
         insecure: server.insecure_metrics,
         tls: tls.clone(),
         tokens,
+        review_failures: super::repeated::Repeated::new("reviews"),
         authorization,
     };
     Ok((tls, Arc::new(guard)))
@@ -243,8 +248,12 @@ async fn reload_tls(
     }
 }
 
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| UsageError(format!("--listen {addr}: cannot listen: {e}")).into())
+/// Listens on `addr` (non-blocking, for the endpoint's runtime to take over).
+pub fn bind(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+    let listen = || {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        Ok::<_, std::io::Error>(listener)
+    };
+    listen().map_err(|e| UsageError(format!("--listen {addr}: cannot listen: {e}")).into())
 }

@@ -34,6 +34,72 @@ pub const REVIEW_DEADLINE: Duration = Duration::from_secs(10);
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// At most this many answers are remembered; past it, expired ones are dropped first.
 const MAX_ANSWERS: usize = 4096;
+/// At most this many reviews (of both kinds) are asked of the API server at once: each is a
+/// request, on a connection of its own while the others are busy (kube-rs's client speaks
+/// HTTP/1.1), so this bounds the agent's connections to the API server for reviews too.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 8;
+/// New reviews start at most this often on average, with bursts of [`REVIEW_BURST`]: every
+/// distinct bearer token is a new review, and anyone can make up tokens.
+pub const REVIEWS_PER_SECOND: f64 = 20.0;
+pub const REVIEW_BURST: f64 = 40.0;
+
+/// Why a question was not asked: the agent sheds the load rather than queueing it. Never
+/// remembered as the question's answer, so one client's flood never becomes another's
+/// verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// [`MAX_REVIEWS_IN_FLIGHT`] reviews are under way (answered 503).
+    Busy,
+    /// More new reviews than [`REVIEWS_PER_SECOND`] allows (answered 429).
+    RateLimited,
+}
+
+/// What every review must get through before it is asked: a place among those in flight,
+/// and a token of the rate limit. One for the endpoint, shared by both kinds of review.
+pub struct Limiter {
+    in_flight: Arc<tokio::sync::Semaphore>,
+    per_second: f64,
+    burst: f64,
+    /// Tokens left, as of when.
+    bucket: Mutex<(f64, Instant)>,
+}
+
+impl Default for Limiter {
+    fn default() -> Self {
+        Limiter::new(MAX_REVIEWS_IN_FLIGHT, REVIEWS_PER_SECOND, REVIEW_BURST)
+    }
+}
+
+impl Limiter {
+    pub fn new(in_flight: usize, per_second: f64, burst: f64) -> Limiter {
+        Limiter {
+            in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight)),
+            per_second,
+            burst,
+            bucket: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// A place for one more review, or why not.
+    fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Shed> {
+        let permit = self
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Shed::Busy)?;
+        let mut bucket = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let (tokens, last) = *bucket;
+        let tokens =
+            (tokens + now.duration_since(last).as_secs_f64() * self.per_second).min(self.burst);
+        if tokens < 1.0 {
+            *bucket = (tokens, now);
+            return Err(Shed::RateLimited);
+        }
+        *bucket = (tokens - 1.0, now);
+        Ok(permit)
+    }
+}
 
 /// Answers remembered for a while, with concurrent askers of one question sharing one
 /// review: the first asker starts it as a task of its own (so that it completes, and is
@@ -57,8 +123,16 @@ impl<V> Default for Answers<V> {
 
 impl<V: Clone + Send + Sync + 'static> Answers<V> {
     /// The answer to the question `key`: remembered, or being asked, or asked now with
-    /// `ask`, then remembered for `ttl(&answer)` (zero: not remembered).
-    pub async fn get<F, Fut, T>(self: &Arc<Self>, key: [u8; 32], ask: F, ttl: T, lost: V) -> V
+    /// `ask` if `limiter` lets one more review start, then remembered for `ttl(&answer)`
+    /// (zero: not remembered).
+    pub async fn get<F, Fut, T>(
+        self: &Arc<Self>,
+        limiter: &Limiter,
+        key: [u8; 32],
+        ask: F,
+        ttl: T,
+        lost: V,
+    ) -> Result<V, Shed>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = V> + Send + 'static,
@@ -68,9 +142,10 @@ impl<V: Clone + Send + Sync + 'static> Answers<V> {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();
             match slots.get(&key) {
-                Some(Slot::Known { answer, until }) if *until > now => return answer.clone(),
+                Some(Slot::Known { answer, until }) if *until > now => return Ok(answer.clone()),
                 Some(Slot::Asking(answer)) => answer.clone(),
                 _ => {
+                    let permit = limiter.admit()?;
                     if slots.len() >= MAX_ANSWERS {
                         forget_some(&mut slots, now);
                     }
@@ -80,6 +155,7 @@ impl<V: Clone + Send + Sync + 'static> Answers<V> {
                     let answers = self.clone();
                     tokio::spawn(async move {
                         let answer = asking.await;
+                        drop(permit);
                         let ttl = ttl(&answer);
                         {
                             let mut slots =
@@ -109,14 +185,14 @@ impl<V: Clone + Send + Sync + 'static> Answers<V> {
             .await
             .map(|told| told.clone());
         match told {
-            Ok(told) => told.unwrap_or(lost),
+            Ok(told) => Ok(told.unwrap_or(lost)),
             Err(_) => {
                 // The asking task died without an answer: let the next asker try again.
                 let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
                 if matches!(slots.get(&key), Some(Slot::Asking(rx)) if rx.same_channel(&answer)) {
                     slots.remove(&key);
                 }
-                lost
+                Ok(lost)
             }
         }
     }
@@ -152,6 +228,7 @@ pub enum TokenVerdict {
 
 /// Bearer tokens, checked with a TokenReview (`--authentication-token-webhook`).
 pub struct Tokens {
+    limiter: Arc<Limiter>,
     credentials: Credentials,
     audiences: Vec<String>,
     ttl: Duration,
@@ -159,8 +236,14 @@ pub struct Tokens {
 }
 
 impl Tokens {
-    pub fn new(credentials: Credentials, audiences: Vec<String>, ttl: Duration) -> Tokens {
+    pub fn new(
+        limiter: Arc<Limiter>,
+        credentials: Credentials,
+        audiences: Vec<String>,
+        ttl: Duration,
+    ) -> Tokens {
         Tokens {
+            limiter,
             credentials,
             audiences,
             ttl,
@@ -168,7 +251,7 @@ impl Tokens {
         }
     }
 
-    pub async fn authenticate(&self, token: &str) -> TokenVerdict {
+    pub async fn authenticate(&self, token: &str) -> Result<TokenVerdict, Shed> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let (credentials, audiences, token) = (
             self.credentials.clone(),
@@ -204,7 +287,7 @@ impl Tokens {
             TokenVerdict::Rejected | TokenVerdict::Failed(_) => FAILED_REVIEW_TTL,
         };
         self.answers
-            .get(key, ask, remember, lost("TokenReview"))
+            .get(&self.limiter, key, ask, remember, lost("TokenReview"))
             .await
     }
 }
@@ -264,6 +347,7 @@ pub enum AccessVerdict {
 
 /// `--authorization-webhook`: may this identity `get` this path?
 pub struct Access {
+    limiter: Arc<Limiter>,
     credentials: Credentials,
     answers: Arc<Answers<AccessVerdict>>,
     allowed_ttl: Duration,
@@ -271,8 +355,14 @@ pub struct Access {
 }
 
 impl Access {
-    pub fn new(credentials: Credentials, allowed_ttl: Duration, denied_ttl: Duration) -> Access {
+    pub fn new(
+        limiter: Arc<Limiter>,
+        credentials: Credentials,
+        allowed_ttl: Duration,
+        denied_ttl: Duration,
+    ) -> Access {
         Access {
+            limiter,
             credentials,
             answers: Arc::default(),
             allowed_ttl,
@@ -280,7 +370,7 @@ impl Access {
         }
     }
 
-    pub async fn review(&self, identity: &Identity, path: &str) -> AccessVerdict {
+    pub async fn review(&self, identity: &Identity, path: &str) -> Result<AccessVerdict, Shed> {
         let spec = SubjectAccessReviewSpec {
             user: Some(identity.user.clone()),
             groups: Some(identity.groups.clone()),
@@ -324,7 +414,13 @@ impl Access {
             AccessVerdict::Failed(_) => FAILED_REVIEW_TTL,
         };
         self.answers
-            .get(key, ask, remember, lost("SubjectAccessReview"))
+            .get(
+                &self.limiter,
+                key,
+                ask,
+                remember,
+                lost("SubjectAccessReview"),
+            )
             .await
     }
 }
@@ -385,6 +481,11 @@ mod tests {
 
     use super::*;
 
+    /// A limiter that never sheds: these tests are about the answers.
+    fn unlimited() -> Limiter {
+        Limiter::new(1 << 20, 1e9, 1e9)
+    }
+
     fn counted(
         asked: &Arc<AtomicUsize>,
         answer: &'static str,
@@ -409,12 +510,14 @@ mod tests {
                 tokio::spawn(async move {
                     answers
                         .get(
+                            &unlimited(),
                             [1; 32],
                             counted(&asked, "yes"),
                             |_| Duration::from_secs(60),
                             "lost".into(),
                         )
                         .await
+                        .unwrap()
                 })
             })
             .collect();
@@ -425,12 +528,14 @@ mod tests {
         // Another question is asked on its own.
         let other = answers
             .get(
+                &unlimited(),
                 [2; 32],
                 counted(&asked, "no"),
                 |_| Duration::ZERO,
                 "lost".into(),
             )
-            .await;
+            .await
+            .unwrap();
         assert_eq!(other, "no");
         assert_eq!(asked.load(Ordering::SeqCst), 2);
     }
@@ -450,8 +555,15 @@ mod tests {
             let (answers, asked) = (answers.clone(), asked.clone());
             async move {
                 answers
-                    .get([7; 32], counted(&asked, answer), ttl, "lost".into())
+                    .get(
+                        &unlimited(),
+                        [7; 32],
+                        counted(&asked, answer),
+                        ttl,
+                        "lost".into(),
+                    )
                     .await
+                    .unwrap()
             }
         };
         assert_eq!(ask("yes").await, "yes");
@@ -474,7 +586,9 @@ mod tests {
         let answers = Arc::new(Answers::<String>::default());
         let asked = Arc::new(AtomicUsize::new(0));
         // The first asker gives up at once: the review still completes and is remembered.
+        let limiter = unlimited();
         let first = answers.get(
+            &limiter,
             [3; 32],
             counted(&asked, "yes"),
             |_| Duration::from_secs(60),
@@ -488,30 +602,138 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let again = answers
             .get(
+                &unlimited(),
                 [3; 32],
                 counted(&asked, "no"),
                 |_| Duration::ZERO,
                 "lost".into(),
             )
-            .await;
+            .await
+            .unwrap();
         assert_eq!(again, "yes");
         assert_eq!(asked.load(Ordering::SeqCst), 1);
 
         for _ in 0..3 {
             answers
                 .get(
+                    &unlimited(),
                     [4; 32],
                     counted(&asked, "x"),
                     |_| Duration::ZERO,
                     "lost".into(),
                 )
-                .await;
+                .await
+                .unwrap();
         }
         assert_eq!(
             asked.load(Ordering::SeqCst),
             4,
             "nothing remembered at TTL 0"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reviews_in_flight_are_bounded_and_what_is_shed_is_not_remembered() {
+        let answers = Arc::new(Answers::<String>::default());
+        let limiter = Arc::new(Limiter::new(2, 1000.0, 1000.0));
+        let asked = Arc::new(AtomicUsize::new(0));
+        // Two slow reviews take both places.
+        let slow = |key: u8| {
+            let (answers, limiter, asked) = (answers.clone(), limiter.clone(), asked.clone());
+            tokio::spawn(async move {
+                answers
+                    .get(
+                        &limiter,
+                        [key; 32],
+                        move || async move {
+                            asked.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                            "slow".to_string()
+                        },
+                        |_| Duration::from_secs(60),
+                        "lost".into(),
+                    )
+                    .await
+            })
+        };
+        let (a, b) = (slow(1), slow(2));
+        tokio::task::yield_now().await;
+        let third = answers
+            .get(
+                &limiter,
+                [3; 32],
+                counted(&asked, "x"),
+                |_| Duration::from_secs(60),
+                "lost".into(),
+            )
+            .await;
+        assert_eq!(third, Err(Shed::Busy));
+        // A question already being asked still waits for its answer: no new review.
+        let again = answers
+            .get(
+                &limiter,
+                [1; 32],
+                counted(&asked, "x"),
+                |_| Duration::from_secs(60),
+                "lost".into(),
+            )
+            .await;
+        assert_eq!(again, Ok("slow".to_string()));
+        assert_eq!(a.await.unwrap(), Ok("slow".to_string()));
+        assert_eq!(b.await.unwrap(), Ok("slow".to_string()));
+        // The places are free again, and the shed question was not remembered.
+        let third = answers
+            .get(
+                &limiter,
+                [3; 32],
+                counted(&asked, "x"),
+                |_| Duration::from_secs(60),
+                "lost".into(),
+            )
+            .await;
+        assert_eq!(third, Ok("x".to_string()));
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn new_reviews_beyond_the_rate_are_shed_until_it_allows_more() {
+        let answers = Arc::new(Answers::<String>::default());
+        let limiter = Limiter::new(100, 1.0, 3.0);
+        let asked = Arc::new(AtomicUsize::new(0));
+        let mut verdicts = Vec::new();
+        for key in 0..5u8 {
+            verdicts.push(
+                answers
+                    .get(
+                        &limiter,
+                        [key; 32],
+                        counted(&asked, "x"),
+                        |_| Duration::ZERO,
+                        "lost".into(),
+                    )
+                    .await,
+            );
+        }
+        // The burst of 3 passed (1/s refills a twentieth during each 50 ms review); not the rest.
+        assert_eq!(
+            &verdicts[..3],
+            &[Ok("x".to_string()), Ok("x".into()), Ok("x".into())]
+        );
+        assert_eq!(
+            &verdicts[3..],
+            &[Err(Shed::RateLimited), Err(Shed::RateLimited)]
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let later = answers
+            .get(
+                &limiter,
+                [9; 32],
+                counted(&asked, "y"),
+                |_| Duration::ZERO,
+                "lost".into(),
+            )
+            .await;
+        assert_eq!(later, Ok("y".to_string()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -523,12 +745,14 @@ mod tests {
             key[..8].copy_from_slice(&(i as u64).to_le_bytes());
             answers
                 .get(
+                    &unlimited(),
                     key,
                     counted(&asked, "no"),
                     |_| FAILED_REVIEW_TTL,
                     "lost".into(),
                 )
-                .await;
+                .await
+                .unwrap();
         }
         assert!(
             answers.remembered() <= MAX_ANSWERS,

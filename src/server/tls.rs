@@ -47,27 +47,133 @@ pub struct Generation {
     pub client_cas: usize,
 }
 
+/// A client may present at most this many certificates: its own and up to three
+/// intermediates. Path building tries every order of what it is given, so a chain of
+/// look-alike "intermediates" costs work that grows with their number; Go bounds its chain
+/// building for the same reason. Real client chains are one or two certificates long.
+pub const MAX_CLIENT_CHAIN: usize = 4;
+
 impl Generation {
-    /// The identity a client certificate chain proves now: its CN the user, its O values
-    /// the groups. `Err` says why it proves nothing (no client CA, an unknown signer,
-    /// expired, ...), in words safe to show the client.
-    pub fn identify(&self, chain: &[CertificateDer<'static>]) -> Result<Identity, String> {
-        let verifier = self.clients.as_ref().map_err(Clone::clone)?;
-        let (end_entity, intermediates) = chain.split_first().ok_or("no client certificate")?;
-        verifier
-            .verify_client_cert(end_entity, intermediates, UnixTime::now())
-            .map_err(|e| format!("the client certificate is not valid: {e}"))?;
-        Identity::of_certificate(end_entity)
+    /// The identity a client certificate chain proves at `now` (unix seconds): its last CN
+    /// the user (as Go and Kubernetes read a subject), its O values the groups. `Err` says
+    /// why it proves nothing (no client CA, an unknown signer, expired, ...), in words safe
+    /// to show the client. With the verdict comes the instant until which it holds (the
+    /// leaf's notAfter; for a certificate not valid yet, its notBefore).
+    fn identify(
+        &self,
+        chain: &[CertificateDer<'static>],
+        now: i64,
+    ) -> (Result<Identity, String>, i64) {
+        if chain.len() > MAX_CLIENT_CHAIN {
+            let why = format!(
+                "the client presented {} certificates; at most {MAX_CLIENT_CHAIN} are accepted (its own and three intermediates)",
+                chain.len()
+            );
+            return (Err(why), i64::MAX);
+        }
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return (Err("no client certificate".into()), i64::MAX);
+        };
+        let (not_before, not_after) = validity(end_entity);
+        let until = if not_before > now {
+            not_before
+        } else if now >= not_after {
+            // Expired stays expired: no need to look again.
+            i64::MAX
+        } else {
+            not_after
+        };
+        let verdict = match &self.clients {
+            Err(why) => Err(why.clone()),
+            Ok(verifier) => {
+                let at =
+                    UnixTime::since_unix_epoch(std::time::Duration::from_secs(now.max(0) as u64));
+                match verifier.verify_client_cert(end_entity, intermediates, at) {
+                    Ok(_) => Identity::of_certificate(end_entity),
+                    Err(e) => Err(format!("the client certificate is not valid: {e}")),
+                }
+            }
+        };
+        (verdict, until)
+    }
+}
+
+/// A certificate's notBefore and notAfter, unix seconds; one that does not parse is judged
+/// by the verifier, and its verdict holds for good.
+fn validity(der: &CertificateDer<'_>) -> (i64, i64) {
+    use x509_parser::prelude::FromDer;
+    match x509_parser::certificate::X509Certificate::from_der(der) {
+        Ok((_, cert)) => (
+            cert.validity().not_before.timestamp(),
+            cert.validity().not_after.timestamp(),
+        ),
+        Err(_) => (i64::MIN, i64::MAX),
+    }
+}
+
+/// A connection's client certificates and the verdict on them, kept for the life of the
+/// connection: verified once, and again only when the client CA changed (a new generation)
+/// or the verdict's time ran out. A client that sends request after request on one
+/// connection costs one verification, not one per request.
+#[derive(Clone, Default)]
+pub struct PeerChain {
+    chain: Arc<Vec<CertificateDer<'static>>>,
+    verdict: Arc<std::sync::Mutex<Option<Verdict>>>,
+}
+
+struct Verdict {
+    generation: Arc<Generation>,
+    until: i64,
+    identity: Result<Identity, String>,
+}
+
+impl PeerChain {
+    pub fn new(chain: Vec<CertificateDer<'static>>) -> PeerChain {
+        PeerChain {
+            chain: Arc::new(chain),
+            verdict: Arc::default(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chain.is_empty()
+    }
+
+    /// The identity the chain proves now, under the current generation of `tls`.
+    pub fn identify(&self, tls: &Tls) -> Result<Identity, String> {
+        let generation = tls.current();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let mut verdict = self
+            .verdict
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(known) = verdict.as_ref()
+            && Arc::ptr_eq(&known.generation, &generation)
+            && now < known.until
+        {
+            return known.identity.clone();
+        }
+        let (identity, until) = generation.identify(&self.chain, now);
+        *verdict = Some(Verdict {
+            generation,
+            until,
+            identity: identity.clone(),
+        });
+        identity
     }
 }
 
 /// The current generation, and how to make the next.
 pub struct Tls {
     settings: Settings,
-    /// The self-signed certificate, made once at start when no files are given.
-    self_signed: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    /// The serving certificate and key in use: the self-signed pair, or the last pair read
+    /// from the files that went together. Kept so that the client CA can follow its file
+    /// while the serving files are broken.
+    serving: std::sync::Mutex<Serving>,
     current: RwLock<Arc<Generation>>,
 }
+
+type Serving = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -80,14 +186,14 @@ impl fmt::Debug for Tls {
 impl Tls {
     /// Loads everything once; a problem here is a configuration error.
     pub fn load(settings: Settings, names: &[String]) -> anyhow::Result<Tls> {
-        let self_signed = match &settings.serving {
-            Some(_) => None,
-            None => Some(self_signed(names)?),
+        let serving = match &settings.serving {
+            Some(files) => read_serving(files)?,
+            None => self_signed(names)?,
         };
-        let first = build(&settings, self_signed.as_ref())?;
+        let first = build(&settings, &serving)?;
         Ok(Tls {
             settings,
-            self_signed,
+            serving: std::sync::Mutex::new(serving),
             current: RwLock::new(Arc::new(first)),
         })
     }
@@ -112,10 +218,29 @@ impl Tls {
         self.settings.client_ca.as_deref()
     }
 
-    /// Builds the next generation from the files as they are now. On failure the current
-    /// generation stays, and the error says which file and why.
+    /// Builds the next generation from the files as they are now. Serving files that
+    /// cannot be used (half written, a key that is not the certificate's) keep the previous
+    /// serving certificate, and the error says which file and why; the client CA follows
+    /// its file all the same, so a signer removed from it is refused at once. A client CA
+    /// that cannot be read keeps the current generation whole.
     pub fn reload(&self) -> anyhow::Result<()> {
-        let next = build(&self.settings, self.self_signed.as_ref())?;
+        let mut serving = self
+            .serving
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fresh = self.settings.serving.as_ref().map(read_serving);
+        let (next, serving_problem) = match fresh {
+            Some(Ok(pair)) => match build(&self.settings, &pair) {
+                Ok(next) => {
+                    *serving = pair;
+                    (next, None)
+                }
+                Err(e) => (build(&self.settings, &serving)?, Some(e)),
+            },
+            Some(Err(e)) => (build(&self.settings, &serving)?, Some(e)),
+            None => (build(&self.settings, &serving)?, None),
+        };
+        drop(serving);
         let cas = next.client_cas;
         let before = self.current().client_cas;
         *self.current.write().expect("tls lock") = Arc::new(next);
@@ -124,19 +249,30 @@ impl Tls {
             previous_client_cas = before,
             "TLS configuration reloaded"
         );
-        Ok(())
+        match serving_problem {
+            Some(e) => Err(e.context(
+                "the serving certificate was not reloaded (the previous one is served; the client CA was reloaded)",
+            )),
+            None => Ok(()),
+        }
     }
 }
 
-fn build(
-    settings: &Settings,
-    self_signed: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-) -> anyhow::Result<Generation> {
-    let (chain, key) = match (&settings.serving, self_signed) {
-        (Some((cert, key)), _) => (read_chain(cert)?, read_key(key)?),
-        (None, Some((chain, key))) => (chain.clone(), key.clone_key()),
-        (None, None) => unreachable!("a self-signed certificate is made when no files are given"),
-    };
+/// The serving certificate and key from their files, checked to go together.
+fn read_serving((cert, key): &(PathBuf, PathBuf)) -> anyhow::Result<Serving> {
+    let (chain, key) = (read_chain(cert)?, read_key(key)?);
+    let signing = provider()
+        .key_provider
+        .load_private_key(key.clone_key())
+        .context("the serving key is of a kind that cannot be used")?;
+    rustls::sign::CertifiedKey::new(chain.clone(), signing)
+        .keys_match()
+        .context("the serving certificate and key do not go together")?;
+    Ok((chain, key))
+}
+
+fn build(settings: &Settings, (chain, key): &Serving) -> anyhow::Result<Generation> {
+    let (chain, key) = (chain.clone(), key.clone_key());
     let versions: &[&'static rustls::SupportedProtocolVersion] = match settings.min_version {
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
@@ -298,5 +434,126 @@ impl ClientCertVerifier for Lenient {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+    use super::*;
+
+    fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), Issuer::new(params, key))
+    }
+
+    fn client(issuer: &Issuer<'_, KeyPair>, cn: &str) -> CertificateDer<'static> {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.signed_by(&key, issuer).unwrap().der().clone()
+    }
+
+    fn tls_trusting(dir: &Path, pems: &[&str]) -> Tls {
+        let file = dir.join("client-ca.crt");
+        std::fs::write(&file, pems.concat()).unwrap();
+        let settings = Settings {
+            serving: None,
+            client_ca: Some(file),
+            client_ca_is_bundle: false,
+            min_version: TlsVersion::V1_2,
+        };
+        Tls::load(settings, &["127.0.0.1".to_string()]).unwrap()
+    }
+
+    #[test]
+    fn a_connection_keeps_its_verdict_until_the_client_ca_changes() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let (old_pem, old) = ca("old-signer");
+        let (new_pem, _) = ca("new-signer");
+        let tls = tls_trusting(dir.path(), &[&old_pem, &new_pem]);
+        let peer = PeerChain::new(vec![client(&old, "scraper")]);
+        assert_eq!(peer.identify(&tls).unwrap().user, "scraper");
+        assert_eq!(peer.identify(&tls).unwrap().user, "scraper");
+        // The signer leaves the client CA: the same connection is refused at once.
+        std::fs::write(dir.path().join("client-ca.crt"), &new_pem).unwrap();
+        tls.reload().unwrap();
+        let refused = peer.identify(&tls).unwrap_err();
+        assert!(refused.contains("not valid"), "{refused}");
+    }
+
+    #[test]
+    fn a_long_chain_is_refused_by_its_length_alone() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let (pem, signer) = ca("signer");
+        let tls = tls_trusting(dir.path(), &[&pem]);
+        let leaf = client(&signer, "scraper");
+        // Look-alike "intermediates" sharing one subject.
+        let lookalikes: Vec<_> = (0..MAX_CLIENT_CHAIN)
+            .map(|_| {
+                let (pem, _) = ca("intermediate");
+                CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+            })
+            .collect();
+        let mut chain = vec![leaf.clone()];
+        chain.extend(lookalikes.iter().take(MAX_CLIENT_CHAIN - 1).cloned());
+        assert_eq!(
+            PeerChain::new(chain).identify(&tls).unwrap().user,
+            "scraper"
+        );
+        let mut chain = vec![leaf];
+        chain.extend(lookalikes);
+        let refused = PeerChain::new(chain).identify(&tls).unwrap_err();
+        assert!(
+            refused.contains(&format!("presented {} certificates", MAX_CLIENT_CHAIN + 1)),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_serving_key_that_does_not_match_keeps_the_served_pair_and_the_client_ca_follows() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let (served, _) = ca("serving");
+        let serving_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
+        let cert = params.self_signed(&serving_key).unwrap();
+        let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, serving_key.serialize_pem()).unwrap();
+        let (old_pem, old) = ca("old-signer");
+        let ca_file = dir.path().join("client-ca.crt");
+        std::fs::write(&ca_file, format!("{old_pem}{served}")).unwrap();
+        let tls = Tls::load(
+            Settings {
+                serving: Some((cert_file, key_file.clone())),
+                client_ca: Some(ca_file.clone()),
+                client_ca_is_bundle: false,
+                min_version: TlsVersion::V1_2,
+            },
+            &[],
+        )
+        .unwrap();
+        let peer = PeerChain::new(vec![client(&old, "scraper")]);
+        assert!(peer.identify(&tls).is_ok());
+        // The key is replaced by another: the serving pair cannot be reloaded...
+        std::fs::write(&key_file, KeyPair::generate().unwrap().serialize_pem()).unwrap();
+        std::fs::write(&ca_file, &served).unwrap();
+        let error = format!("{:#}", tls.reload().unwrap_err());
+        assert!(error.contains("do not go together"), "{error}");
+        // ... and the signer removed from the client CA is refused all the same.
+        assert!(peer.identify(&tls).is_err());
+        assert_eq!(tls.current().client_cas, 1);
     }
 }
