@@ -88,12 +88,14 @@ pub struct LogArgs {
     /// Log format on stderr.
     #[arg(long, global = true, env = "KUBELET_CA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log level (error, warn, info, debug, trace) or tracing directives; RUST_LOG wins if set.
+    /// Log level: error, warn (or warning), info, debug, trace or off, in any case; or
+    /// tracing directives such as `info,kubelet_ca_agent=debug`. RUST_LOG wins if set.
     #[arg(
         long,
         global = true,
         env = "KUBELET_CA_AGENT_LOG_LEVEL",
-        default_value = "info"
+        default_value = "info",
+        value_parser = crate::logging::parse_level
     )]
     pub log_level: String,
 }

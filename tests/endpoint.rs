@@ -770,9 +770,12 @@ fn off_loopback_without_certificate_files_the_endpoint_serves_a_self_signed_cert
     let log = node.root().join("agent.log");
     // Every address: not loopback. (The harness's agent listens on loopback, so this one is
     // started by hand.)
+    let (_, client_ca) = scrapers_ca(&node);
     let mut agent = Command::new(common::agent_bin())
         .args(["run", "--source", &source, "--listen"])
         .arg(format!("0.0.0.0:{port}"))
+        .arg("--client-ca-file")
+        .arg(&client_ca)
         .arg("--bundle")
         .arg(node.bundle())
         .arg("--state-dir")

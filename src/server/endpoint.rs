@@ -80,12 +80,52 @@ impl Endpoint {
     }
 }
 
-/// `--insecure-metrics` only on a loopback address (SPEC 3).
+/// The SERVER flags make one coherent endpoint: `--insecure-metrics` only on a loopback
+/// address (SPEC 3) and never beside a flag that asks for TLS or authentication (it would
+/// silently win, or lose); off loopback, some way to authenticate a scraper (an endpoint that
+/// answers 401 to everyone forever is a mistake, not a choice). Each refusal says which
+/// flags to use instead; docs/security.md lists every combination that is accepted.
 pub fn check_listen(server: &ServerArgs) -> Result<(), UsageError> {
     let listen = server.listen;
     if server.insecure_metrics && !listen.ip().is_loopback() {
         return Err(UsageError(format!(
-            "--listen {listen}: --insecure-metrics is only allowed on a loopback address"
+            "--listen {listen}: --insecure-metrics is only allowed on a loopback address (use 127.0.0.1:PORT, or drop --insecure-metrics and add --client-ca-file)"
+        )));
+    }
+    let secured: Vec<&str> = [
+        (server.tls_cert_file.is_some(), "--tls-cert-file"),
+        (
+            server.tls_private_key_file.is_some(),
+            "--tls-private-key-file",
+        ),
+        (server.client_ca_file.is_some(), "--client-ca-file"),
+        (
+            server.authentication_token_webhook,
+            "--authentication-token-webhook",
+        ),
+        (server.authorization_webhook, "--authorization-webhook"),
+        (
+            server.authorized_users.iter().any(|u| !u.is_empty()),
+            "--authorized-users",
+        ),
+        (
+            server.authorized_groups.iter().any(|g| !g.is_empty()),
+            "--authorized-groups",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(given, flag)| given.then_some(flag))
+    .collect();
+    if server.insecure_metrics && !secured.is_empty() {
+        let flags = secured.join(", ");
+        return Err(UsageError(format!(
+            "--insecure-metrics serves /metrics to anyone, over plain HTTP, but {flags} ask(s) for TLS or authentication: drop --insecure-metrics to require credentials, or drop {flags} to serve plain HTTP on loopback"
+        )));
+    }
+    let authenticates = server.client_ca_file.is_some() || server.authentication_token_webhook;
+    if !listen.ip().is_loopback() && !server.insecure_metrics && !authenticates {
+        return Err(UsageError(format!(
+            "--listen {listen} is not a loopback address, and nothing could authenticate a scraper there: add --client-ca-file (with --authorized-users or --authorized-groups) or --authentication-token-webhook, or listen on 127.0.0.1 with --insecure-metrics"
         )));
     }
     Ok(())
@@ -255,5 +295,14 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
         listener.set_nonblocking(true)?;
         Ok::<_, std::io::Error>(listener)
     };
-    listen().map_err(|e| UsageError(format!("--listen {addr}: cannot listen: {e}")).into())
+    listen().map_err(|e| {
+        let why = format!("--listen {addr}: cannot listen: {e}");
+        // An address that is not this host's is a configuration error; a port in use or
+        // refused is the environment's (exit 1, as for any runtime failure).
+        if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+            UsageError(why).into()
+        } else {
+            anyhow::anyhow!(why)
+        }
+    })
 }
