@@ -16,7 +16,7 @@ fn agent(args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("RUST_LOG")
         .env_remove("KUBECONFIG")
         .env_remove("NOTIFY_SOCKET");
-    for (name, value) in std::env::vars() {
+    for (name, _) in std::env::vars() {
         if name.starts_with("KUBELET_CA_AGENT_") {
             cmd.env_remove(name);
         }
