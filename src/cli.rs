@@ -394,7 +394,7 @@ pub enum DriftCommand {
     /// Compare a rendered node config (Ignition v3, or a MachineConfig) with the files on disk.
     #[command(
         long_about = "Compare a rendered node config with the files on disk: an Ignition v3.0 to \
-                      v3.4 JSON document, or a MachineConfig JSON whose spec.config holds one. \
+                      v3.6 JSON document, or a MachineConfig JSON whose spec.config holds one. \
                       Each file in storage.files is compared with the file under --root: it must \
                       exist as a regular file, hold the content of its data: URL (percent-encoded \
                       or base64, gzip-compressed or not, followed by its append entries) and have \

@@ -435,6 +435,29 @@ fn a_machineconfig_wrapper_is_read_like_the_ignition_document_it_holds() {
 }
 
 #[test]
+fn todays_machineconfigs_rendered_as_ignition_3_5_are_checked_and_stripped() {
+    let (node, _) = synced_node();
+    for version in ["3.5.0", "3.6.0"] {
+        let mut config = rendered_with_bundle(b"old");
+        config["ignition"]["version"] = json!(version);
+        let rendered = write_json(&node, &format!("mc-{version}.json"), &machineconfig(config));
+        let out = check(&node, &rendered, &[]);
+        assert_eq!(out.status.code(), Some(0), "{version}: {}", stderr(&out));
+        assert!(
+            stdout(&out).contains("no drift: 4 of 4 files"),
+            "{}",
+            stdout(&out)
+        );
+        let out = strip(&node, &rendered);
+        assert_eq!(out.status.code(), Some(0), "{version}: {}", stderr(&out));
+        assert!(
+            !stdout(&out).contains(BUNDLE),
+            "{version}: the bundle was not stripped"
+        );
+    }
+}
+
+#[test]
 fn bad_json_and_a_wrong_ignition_version_exit_2_saying_where() {
     let (node, _) = synced_node();
     let write = |name: &str, text: &str| {
@@ -456,10 +479,10 @@ fn bad_json_and_a_wrong_ignition_version_exit_2_saying_where() {
         ),
         (
             write(
-                "mc-v35.json",
-                &machineconfig(ignition("3.5.0", vec![])).to_string(),
+                "mc-v37.json",
+                &machineconfig(ignition("3.7.0-experimental", vec![])).to_string(),
             ),
-            "mc-v35.json: spec.config.ignition.version: Ignition version \"3.5.0\" is not supported",
+            "mc-v37.json: spec.config.ignition.version: Ignition version \"3.7.0-experimental\" is not supported: this reads Ignition 3.0.0 to 3.6.0",
         ),
         (
             write("bad-source.json", &{

@@ -1,5 +1,5 @@
 //! The rendered node config that `drift check` and `drift strip` read: an Ignition v3.0 to
-//! v3.4 document, alone or as the `spec.config` of a MachineConfig. Parsing keeps where each
+//! v3.6 document, alone or as the `spec.config` of a MachineConfig. Parsing keeps where each
 //! entry of `storage.files` sits in the text, so that `strip` can remove entries and leave
 //! every other byte as it was. Pure: no I/O.
 
@@ -296,8 +296,14 @@ fn span(text: &str, raw: Raw<'_>) -> Range<usize> {
     start..start + raw.get().len()
 }
 
-/// The Ignition versions whose `storage.files` this reads: 3.0 to 3.4.
-const MAX_MINOR: u32 = 4;
+/// The Ignition versions whose `storage.files` this reads: 3.0 to 3.6. What a file entry
+/// means has not changed across them (3.5 added LUKS CEX, nothing about files) but for the
+/// mode's special bits ([`SPECIAL_BITS_FROM`]). A later version may mean something this does
+/// not know, so it is refused, as Ignition itself refuses a newer spec than it knows.
+const MAX_MINOR: u32 = 6;
+/// From spec 3.6.0 Ignition honours the setuid, setgid and sticky bits of a file's mode;
+/// before, it writes the file without them (coreos/ignition#1301).
+const SPECIAL_BITS_FROM: u32 = 6;
 
 /// Parses a rendered config: an Ignition v3 document, or a MachineConfig with one in
 /// `spec.config`.
@@ -370,7 +376,7 @@ pub fn parse(text: &str) -> Result<Rendered, Invalid> {
         return Err(invalid(
             &version_at,
             format!(
-                "Ignition version {:?} is not supported: this reads Ignition 3.0 to 3.{MAX_MINOR}",
+                "Ignition version {:?} is not supported: this reads Ignition 3.0.0 to 3.{MAX_MINOR}.0 (a later or experimental version may describe files in ways it does not know)",
                 crate::text::escape(&version)
             ),
         ));
@@ -381,7 +387,7 @@ pub fn parse(text: &str) -> Result<Rendered, Invalid> {
         let files_at = storage_at.key("files");
         if let Some(list) = object(storage, &storage_at)?.get("files", &storage_at)? {
             for (i, raw) in array(list, &files_at)?.into_iter().enumerate() {
-                files.push(file_entry(text, raw, files_at.index(i))?);
+                files.push(file_entry(text, raw, files_at.index(i), &version)?);
             }
         }
     }
@@ -408,7 +414,22 @@ pub fn parse(text: &str) -> Result<Rendered, Invalid> {
     })
 }
 
-/// `3.N.P` with N from 0 to [`MAX_MINOR`]; pre-releases (`3.5.0-experimental`) are not.
+/// The mode Ignition gives a file whose entry says `mode`, under spec `version` (one that
+/// [`supported`] accepts): without the special bits before [`SPECIAL_BITS_FROM`].
+fn written_mode(mode: u32, version: &str) -> u32 {
+    let minor: u32 = version
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if minor < SPECIAL_BITS_FROM {
+        mode & 0o777
+    } else {
+        mode
+    }
+}
+
+/// `3.N.P` with N from 0 to [`MAX_MINOR`]; pre-releases (`3.7.0-experimental`) are not.
 fn supported(version: &str) -> bool {
     let parts: Vec<&str> = version.split('.').collect();
     let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -416,7 +437,7 @@ fn supported(version: &str) -> bool {
         if number(minor) && number(patch) && minor.parse::<u32>().is_ok_and(|m| m <= MAX_MINOR))
 }
 
-fn file_entry(text: &str, raw: Raw<'_>, at: JsonPath) -> Result<FileEntry, Invalid> {
+fn file_entry(text: &str, raw: Raw<'_>, at: JsonPath, version: &str) -> Result<FileEntry, Invalid> {
     let members = object(raw, &at)?;
     let path_at = at.key("path");
     let path = members
@@ -448,7 +469,7 @@ fn file_entry(text: &str, raw: Raw<'_>, at: JsonPath) -> Result<FileEntry, Inval
                 .ok_or_else(|| {
                     invalid(&mode_at, format!("{value} is not a file mode (0 to 4095)"))
                 })?;
-            Some(mode)
+            Some(written_mode(mode, version))
         }
     };
     let contents_at = at.key("contents");
@@ -594,8 +615,8 @@ mod tests {
                 "ignition.version: Ignition version \"2.2.0\" is not supported",
             ),
             (
-                r#"{"ignition":{"version":"3.5.0-experimental"}}"#,
-                "3.5.0-experimental",
+                r#"{"ignition":{"version":"3.7.0-experimental"}}"#,
+                "this reads Ignition 3.0.0 to 3.6.0",
             ),
             (r#"{"ignition":{}}"#, "ignition.version: missing"),
             (
@@ -634,14 +655,34 @@ mod tests {
     }
 
     #[test]
+    fn special_mode_bits_count_from_spec_3_6_as_ignition_writes_them() {
+        let mode = |version: &str| {
+            let text = format!(
+                r#"{{"ignition":{{"version":"{version}"}},"storage":{{"files":[{{"path":"/usr/local/bin/x","mode":2541}}]}}}}"#
+            );
+            parse(&text).unwrap().files[0].mode
+        };
+        assert_eq!(
+            mode("3.4.0"),
+            Some(0o755),
+            "4755 is written 0755 before 3.6"
+        );
+        assert_eq!(mode("3.5.0"), Some(0o755));
+        assert_eq!(mode("3.6.0"), Some(0o4755));
+    }
+
+    #[test]
     fn versions() {
-        for ok in ["3.0.0", "3.1.0", "3.2.0", "3.3.0", "3.4.0"] {
+        for ok in [
+            "3.0.0", "3.1.0", "3.2.0", "3.3.0", "3.4.0", "3.5.0", "3.6.0",
+        ] {
             assert!(supported(ok), "{ok}");
         }
         for bad in [
             "2.2.0",
-            "3.5.0",
-            "3.5.0-experimental",
+            "3.7.0",
+            "3.7.0-experimental",
+            "3.6.0-experimental",
             "3.4",
             "4.0.0",
             "3.x.0",
