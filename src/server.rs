@@ -257,6 +257,10 @@ pub async fn serve(
     let accept_failures = Repeated::new("accepting connections");
     let refused = Repeated::new("taking connections");
     loop {
+        // Connections told to make room have not closed yet: their descriptors are not free.
+        // Accept no more until they have, so that closing never lags behind accepting.
+        places.settled().await;
+        reserve.settled().await;
         let stream = match listener.accept().await {
             Ok((stream, _)) => {
                 accept_failures.succeeded();
@@ -287,6 +291,7 @@ pub async fn serve(
             refused.succeeded();
         }
         let _ = stream.set_nodelay(true);
+        bound_send_buffer(&stream);
         let (router, tls) = (router.clone(), tls.clone());
         tokio::spawn(async move {
             let state = place.state.clone();
@@ -337,11 +342,35 @@ async fn connection(
     serve_connection(stream, router, peer, state).await
 }
 
+/// What the kernel may hold of a connection's unread answers. Without a bound, its buffers
+/// grow to megabytes for a client that sends requests and never reads (the agent keeps
+/// answering into them, and a write never waits, so [`WRITE_TIMEOUT`] never starts): 300
+/// such clients held over 400 MiB. With it, an unread answer stalls the write within
+/// 128 KiB. A scrape of a thousand certificates (about a megabyte) is read as it is sent.
+const SEND_BUFFER_BYTES: usize = 128 * 1024;
+
+fn bound_send_buffer(stream: &tokio::net::TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    if let Err(e) = setsockopt(stream, sockopt::SndBuf, &SEND_BUFFER_BYTES) {
+        tracing::debug!(error = %e, "cannot bound a connection's send buffer");
+    }
+}
+
 /// The connections of one pool, oldest first, and how many it may hold.
 struct Connections {
     limit: usize,
     table: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Connection>>>>,
     next: std::sync::atomic::AtomicU64,
+    /// Connections told to close to make room, not yet gone.
+    closing: Arc<Closing>,
+}
+
+/// Counts the connections that were told to close and have not yet, and wakes whoever
+/// waits for them all to be gone.
+#[derive(Default)]
+struct Closing {
+    count: std::sync::atomic::AtomicUsize,
+    gone: tokio::sync::Notify,
 }
 
 /// What the pool knows of one connection: whether it is busy, and how to close it.
@@ -366,14 +395,26 @@ struct Place {
     id: u64,
     state: Arc<Connection>,
     table: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Connection>>>>,
+    closing: Arc<Closing>,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.table
+        let held = self
+            .table
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.id);
+        // Not in the table any more: it was told to close to make room, and now it has.
+        if held.is_none()
+            && self
+                .closing
+                .count
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+                == 1
+        {
+            self.closing.gone.notify_waiters();
+        }
     }
 }
 
@@ -383,6 +424,23 @@ impl Connections {
             limit,
             table: Arc::default(),
             next: std::sync::atomic::AtomicU64::new(0),
+            closing: Arc::default(),
+        }
+    }
+
+    /// Returns once every connection told to make room has closed.
+    async fn settled(&self) {
+        loop {
+            let gone = self.closing.gone.notified();
+            if self
+                .closing
+                .count
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0
+            {
+                return;
+            }
+            gone.await;
         }
     }
 
@@ -396,6 +454,9 @@ impl Connections {
         if table.len() >= self.limit {
             let oldest_idle = table.iter().find(|(_, c)| c.idle()).map(|(id, _)| *id)?;
             if let Some(evicted) = table.remove(&oldest_idle) {
+                self.closing
+                    .count
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 evicted.close.notify_one();
             }
         }
@@ -406,6 +467,7 @@ impl Connections {
             id,
             state,
             table: self.table.clone(),
+            closing: self.closing.clone(),
         })
     }
 }
