@@ -9,9 +9,28 @@ cd "$(dirname "$0")/.."
 need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
+command -v python3 >/dev/null || need+=(python3)
 [ ${#need[@]} -eq 0 ] || { apt-get update -qq && apt-get install -y -qq "${need[@]}"; }
-cargo build --release --quiet
-bin=target/release/kubelet-ca-agent
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo build --release (about 5 minutes the first time on 2 cores)"
+# The binary is wherever cargo puts it (CARGO_TARGET_DIR, build.target-dir or build.target
+# in a cargo config, ...): cargo's own compiler-artifact message names it. Progress and
+# warnings go to the terminal as usual; only the JSON messages are read here.
+bin=$(cargo build --release --bin kubelet-ca-agent --message-format=json-render-diagnostics |
+  python3 -c '
+import json, sys
+exe = None
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "kubelet-ca-agent" \
+            and "bin" in m["target"]["kind"] and m.get("executable"):
+        exe = m["executable"]
+if not exe:
+    sys.exit("cargo build reported no kubelet-ca-agent executable")
+print(exe)
+')
+echo "built $bin"
 demo=demo
 listen=${DEMO_LISTEN:-127.0.0.1:9745}
 mkdir -p "$demo/signers" "$demo/keys" "$demo/etc-kubernetes" "$demo/state"
@@ -24,7 +43,6 @@ new_signer() { # name days
     2>/dev/null
   mv "$demo/signers/$1.crt.tmp" "$demo/signers/$1.crt"   # appear whole, like a real rotation
 }
-step() { printf '\n== %s\n' "$*"; }
 
 new_signer kube-apiserver-to-kubelet-signer 365
 new_signer kube-csr-signer-1 30
