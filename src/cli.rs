@@ -83,7 +83,10 @@ pub enum Command {
     Version,
 }
 
+/// The logging flags, under a heading of their own in every command's help: they are
+/// global, and would otherwise fall among the command's own flags.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Logging")]
 pub struct LogArgs {
     /// Log format on stderr.
     #[arg(long, global = true, env = "KUBELET_CA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -141,7 +144,7 @@ pub struct CommonArgs {
     pub drop_expired: bool,
     /// Keep a certificate that left every source for this long (never past its notAfter),
     /// e.g. 36h or 30d. 0s: the sources are the truth.
-    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_RETAIN_REMOVED", default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_RETAIN_REMOVED", default_value = "0s", value_parser = parse_span_of_days)]
     pub retain_removed: Duration,
     /// Run this command (no shell; words split like a shell would) after each replace of the
     /// bundle, with KUBELET_CA_BUNDLE set to its path. One run at a time: replaces during a
@@ -256,8 +259,28 @@ pub struct ServerArgs {
     #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS", value_parser = BoolishValueParser::new())]
     pub insecure_metrics: bool,
     /// This node's name, shown in logs and as the `node` label of kubelet_ca_agent_build_info.
+    /// Default (unset or empty): this host's name, as `hostname` prints it.
     #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_NODE_NAME")]
     pub node_name: Option<String>,
+}
+
+impl ServerArgs {
+    /// Fills in `--node-name` when it was not given (or given empty, as an EnvironmentFile
+    /// line `KUBELET_CA_AGENT_NODE_NAME=` does): this host's name, which is the node's
+    /// name on a node and, with host networking, in its pod. A systemd EnvironmentFile
+    /// cannot say `$(hostname)`.
+    pub fn default_node_name(&mut self) {
+        if self.node_name.as_deref().is_none_or(str::is_empty) {
+            self.node_name = host_name();
+        }
+    }
+}
+
+/// This host's name (the kernel's nodename, which `gethostname(2)` returns), if it has one.
+pub fn host_name() -> Option<String> {
+    let uts = nix::sys::utsname::uname().ok()?;
+    let name = uts.nodename().to_str()?.trim();
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// `--tls-min-version`.
@@ -374,7 +397,8 @@ pub struct InspectArgs {
     #[arg(long, short, env = "KUBELET_CA_AGENT_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
     /// Count a certificate that expires within this duration as a problem (exit 1), e.g. 30d.
-    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_WARN_WITHIN", default_value = "0s", value_parser = parse_duration)]
+    /// A unit is needed: 7d, 36h.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_WARN_WITHIN", default_value = "0s", value_parser = parse_span_of_days)]
     pub warn_within: Duration,
 }
 
@@ -532,9 +556,31 @@ fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
         })
 }
 
-/// `90s`, `15m`, `36h`, `30d` (and combinations such as `1h30m`).
+/// `90s`, `15m`, `36h`, `30d` (and combinations such as `1h30m`). A bare number other than
+/// 0 is refused: which unit was meant is anyone's guess.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
+    duration(s, |n| {
+        format!("{s:?} has no unit: write {n}s for seconds, or {n}m, {n}h, {n}d")
+    })
+}
+
+/// A duration usually counted in days (`--warn-within`, `--retain-removed`): as
+/// [`parse_duration`], and a bare number is met with the days it most likely meant.
+pub fn parse_span_of_days(s: &str) -> Result<Duration, String> {
+    duration(s, |n| {
+        format!("{s:?} has no unit: write {n}d for {n} days (or {n}h for hours)")
+    })
+}
+
+fn duration(s: &str, bare: impl Fn(&str) -> String) -> Result<Duration, String> {
+    let trimmed = s.trim();
+    if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        if trimmed.bytes().all(|b| b == b'0') {
+            return Ok(Duration::ZERO);
+        }
+        return Err(bare(trimmed));
+    }
+    humantime::parse_duration(trimmed)
         .map_err(|e| format!("{s:?} is not a duration like 90s, 15m, 36h or 30d ({e})"))
 }
 
@@ -647,6 +693,22 @@ mod tests {
         assert_eq!(parse_duration("36h"), Ok(Duration::from_secs(36 * 3600)));
         assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86400)));
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(
+            parse_duration("60").unwrap_err(),
+            "\"60\" has no unit: write 60s for seconds, or 60m, 60h, 60d"
+        );
+        assert_eq!(
+            parse_span_of_days("7").unwrap_err(),
+            "\"7\" has no unit: write 7d for 7 days (or 7h for hours)"
+        );
+        assert_eq!(parse_span_of_days("7d"), Ok(Duration::from_secs(7 * 86400)));
+    }
+
+    #[test]
+    fn the_host_name_is_the_kernels() {
+        let expected = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(host_name().as_deref(), Some(expected.trim()));
     }
 
     #[test]

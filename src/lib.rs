@@ -43,11 +43,17 @@ pub fn run() -> anyhow::Result<Exit> {
     };
     logging::init(cli.log.log_format, &cli.log.log_level)?;
     match cli.command {
-        Command::Run(args) => daemon::run(*args),
-        Command::Publish(args) => publish::run(*args),
+        Command::Run(mut args) => {
+            args.server.default_node_name();
+            daemon::run(*args)
+        }
+        Command::Publish(mut args) => {
+            args.server.default_node_name();
+            publish::run(*args)
+        }
         Command::Sync(args) => commands::sync::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Drift(command) => commands::drift::run(command),
-        Command::Version => Ok(commands::version()),
+        Command::Version => commands::version(),
     }
 }

@@ -70,9 +70,13 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), UsageError> {
                 .map_err(|e| UsageError(format!("--log-level {level:?} does not parse: {e}")))?
         }
     };
+    // A log line that cannot be written (stderr closed: a pipe whose reader went away) is
+    // lost, and nothing more: tracing would otherwise report it with `eprintln!`, which
+    // panics on that same stderr, and the daemon would stop keeping the file correct.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .log_internal_errors(false);
     match format {
         // Logged values come from outside (subjects, file names, API errors): the text
         // format escapes control characters in each line, and so has no colours of its own.

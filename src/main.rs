@@ -1,5 +1,6 @@
 //! Entry point: run the command, turn an error into one line on stderr and an exit code.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use kubelet_ca_agent::error::{Exit, exit_code_for};
@@ -13,7 +14,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(Exit::Usage as u8);
             }
             let line = format!("{error:#}");
-            eprintln!(
+            // A closed stderr loses the line; the exit code still says it.
+            let _ = writeln!(
+                std::io::stderr(),
                 "kubelet-ca-agent: error: {}",
                 kubelet_ca_agent::text::escape(&line)
             );

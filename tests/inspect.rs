@@ -160,3 +160,67 @@ fn version_prints_the_version() {
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).starts_with(&format!("kubelet-ca-agent {}", env!("CARGO_PKG_VERSION"))));
 }
+
+#[test]
+fn a_bare_number_for_warn_within_is_refused_with_days_suggested() {
+    let a = Signer::new("a", Algorithm::P256);
+    let out = inspect_file(&a.pem(), &["--warn-within", "7"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("write 7d for 7 days"), "{err}");
+    assert!(!err.contains("7sec"), "{err}");
+}
+
+#[test]
+fn json_problems_list_the_certificates_that_made_the_exit_code() {
+    let live = Signer::new("live", Algorithm::P256);
+    let soon = Signer::valid_between(
+        "soon",
+        Algorithm::P256,
+        Duration::days(-1),
+        Duration::days(20),
+    );
+    let dead = Signer::valid_between(
+        "dead",
+        Algorithm::P256,
+        Duration::days(-10),
+        Duration::days(-2),
+    );
+    let out = inspect_file(
+        &(live.pem() + &soon.pem() + &dead.pem()),
+        &["-o", "json", "--warn-within", "60d"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 2, "{report:#}");
+    let by = |subject: &str| {
+        problems
+            .iter()
+            .find(|p| p["subject"] == subject)
+            .unwrap_or_else(|| panic!("no problem for {subject}: {report:#}"))
+    };
+    let soon_problem = by("soon");
+    assert_eq!(soon_problem["why"], "expires_within");
+    assert_eq!(soon_problem["block"], 2);
+    let sha256 = report["certificates"][1]["sha256"].as_str().unwrap();
+    assert_eq!(soon_problem["sha256"], sha256);
+    assert_eq!(
+        soon_problem["not_after"],
+        report["certificates"][1]["not_after"]
+    );
+    assert!(
+        soon_problem["message"]
+            .as_str()
+            .unwrap()
+            .contains("within --warn-within 60d"),
+        "{soon_problem}"
+    );
+    assert_eq!(by("dead")["why"], "expired");
+
+    // Valid within the window: no problem, exit 0.
+    let out = inspect_file(&live.pem(), &["-o", "json", "--warn-within", "60d"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["problems"], serde_json::json!([]));
+}

@@ -1,7 +1,7 @@
 //! `inspect`: the certificates of a bundle, their validity and the time they have left, as
 //! a table for people or JSON for scripts.
 
-use std::io;
+use std::io::{self, Write};
 use std::path::Path;
 
 use serde::Serialize;
@@ -10,7 +10,7 @@ use crate::bundle::Certificate;
 use crate::bundle::MAX_SOURCE_BYTES;
 use crate::bundle::parse::scan;
 use crate::cli::{InspectArgs, OutputFormat};
-use crate::commands::{human_span, rfc3339};
+use crate::commands::{human_span, print_out, rfc3339};
 use crate::error::{Exit, UsageError};
 use crate::fsutil::{Links, open_regular, read_bounded};
 use crate::text::escape;
@@ -34,6 +34,16 @@ impl Status {
             Status::Expiring
         } else {
             Status::Valid
+        }
+    }
+
+    /// Why a certificate with this status makes `inspect` exit 1 (`why` in JSON).
+    fn problem(self) -> Option<&'static str> {
+        match self {
+            Status::Valid => None,
+            Status::Expiring => Some("expires_within"),
+            Status::Expired => Some("expired"),
+            Status::NotYetValid => Some("not_yet_valid"),
         }
     }
 
@@ -63,11 +73,30 @@ struct Row {
     is_ca: bool,
 }
 
+/// What makes `inspect` exit 1: a certificate that is not valid now or within
+/// `--warn-within` (with `subject`, `sha256` and `not_after`), or a broken block.
+#[derive(Serialize)]
+struct Problem {
+    /// `expired`, `not_yet_valid`, `expires_within`, or for a broken block the reason a
+    /// source would be rejected for (`malformed_pem`, `private_key`, ...).
+    why: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subject: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_after: Option<String>,
+    /// The same, for people.
+    message: String,
+}
+
 #[derive(Serialize)]
 struct Report {
     path: String,
     certificates: Vec<Row>,
-    problems: Vec<String>,
+    problems: Vec<Problem>,
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
@@ -75,9 +104,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let warn_within = args.warn_within.as_secs().try_into().unwrap_or(i64::MAX);
     let scan = scan(&input);
-    let problems: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
+    let broken: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
     if scan.certificates.is_empty() {
-        let why = problems
+        let why = broken
             .first()
             .map_or("no CERTIFICATE block found".to_string(), Clone::clone);
         return Err(UsageError(format!(
@@ -104,20 +133,34 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
             is_ca: c.is_ca,
         })
         .collect();
-    let all_valid = rows.iter().all(|r| r.status == Status::Valid) && problems.is_empty();
+    let all_valid = rows.iter().all(|r| r.status == Status::Valid) && broken.is_empty();
     match args.output {
         OutputFormat::Json => {
+            let mut problems: Vec<Problem> = rows
+                .iter()
+                .filter_map(|row| certificate_problem(row, args.warn_within))
+                .collect();
+            problems.extend(scan.problems.iter().map(|rejection| Problem {
+                why: rejection.reason(),
+                block: None,
+                subject: None,
+                sha256: None,
+                not_after: None,
+                message: rejection.to_string(),
+            }));
             let report = Report {
                 path: args.path.display().to_string(),
                 certificates: rows,
                 problems,
             };
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            print_out(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
         }
         OutputFormat::Table => {
-            print!("{}", table(&rows));
-            for problem in &problems {
-                eprintln!("problem: {}", escape(problem));
+            print_out(&table(&rows))?;
+            let mut stderr = io::stderr().lock();
+            for problem in &broken {
+                // A closed stderr loses the line; the exit code still says it.
+                let _ = writeln!(stderr, "problem: {}", escape(problem));
             }
         }
     }
@@ -126,6 +169,55 @@ pub fn run(args: InspectArgs) -> anyhow::Result<Exit> {
     } else {
         Exit::Failure
     })
+}
+
+/// The problem a certificate's row stands for, if its status is one.
+fn certificate_problem(row: &Row, warn_within: std::time::Duration) -> Option<Problem> {
+    let why = row.status.problem()?;
+    let subject = if row.subject_cn.is_empty() && !row.subject_o.is_empty() {
+        format!("O={}", row.subject_o)
+    } else {
+        row.subject_cn.clone()
+    };
+    let message = match row.status {
+        Status::Expired => format!(
+            "{} expired {} ago (notAfter {})",
+            escape(&subject),
+            human_span(-row.seconds_left),
+            row.not_after
+        ),
+        Status::NotYetValid => format!(
+            "{} is not valid before {}",
+            escape(&subject),
+            row.not_before
+        ),
+        _ => format!(
+            "{} expires in {} (notAfter {}), within --warn-within {}",
+            escape(&subject),
+            human_span(row.seconds_left),
+            row.not_after,
+            as_written(warn_within)
+        ),
+    };
+    Some(Problem {
+        why,
+        block: Some(row.block),
+        subject: Some(subject),
+        sha256: Some(row.sha256.clone()),
+        not_after: Some(row.not_after.clone()),
+        message,
+    })
+}
+
+/// A duration as one would write it on the command line: `60d`, `36h`, `90m`, `45s`.
+fn as_written(duration: std::time::Duration) -> String {
+    let s = duration.as_secs();
+    match s {
+        _ if s >= 86400 && s.is_multiple_of(86400) => format!("{}d", s / 86400),
+        _ if s >= 3600 && s.is_multiple_of(3600) => format!("{}h", s / 3600),
+        _ if s >= 60 && s.is_multiple_of(60) => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
 }
 
 /// The input, read up to the size of the largest source the agent accepts: a bundle larger

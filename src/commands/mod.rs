@@ -27,9 +27,25 @@ pub fn one_shot_client(origin: &Origin) -> anyhow::Result<(kube::Client, String)
     Ok((client, server))
 }
 
-pub fn version() -> Exit {
-    println!("kubelet-ca-agent {}", env!("CARGO_PKG_VERSION"));
-    Exit::Success
+pub fn version() -> anyhow::Result<Exit> {
+    print_out(&format!("kubelet-ca-agent {}\n", env!("CARGO_PKG_VERSION")))?;
+    Ok(Exit::Success)
+}
+
+/// Writes `text` to standard output. A reader that went away (`inspect -o json | head -1`)
+/// is not an error: the rest of the output is dropped quietly and the command exits with
+/// its own code, as Unix tools do. Any other failure (a full disk behind `>`) is one.
+pub fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("cannot write to standard output: {e}")),
+        Ok(()) => Ok(()),
+    }
 }
 
 /// Unix seconds as RFC 3339 UTC, e.g. `2027-01-01T00:00:00Z`.
