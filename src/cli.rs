@@ -1,5 +1,7 @@
 //! The command line (SPEC 3). Every flag can also be set as `KUBELET_CA_AGENT_<FLAG>`.
 
+pub mod environment;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -44,6 +44,87 @@ fn closed_pipe() -> OwnedFd {
     write
 }
 
+// 11. The environment.
+
+#[test]
+fn a_bad_value_from_the_environment_names_its_variable() {
+    let out = agent(&["version"], &[("KUBELET_CA_AGENT_LOG_LEVEL", "bogus")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("KUBELET_CA_AGENT_LOG_LEVEL=bogus (for --log-level)")
+            && err.contains("is not a log level"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let out = agent(&["inspect", "-"], &[("KUBELET_CA_AGENT_OUTPUT", "yaml")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("KUBELET_CA_AGENT_OUTPUT=yaml (for --output)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The same value on the command line is reported under the flag, as before.
+    let out = agent(&["--log-level", "bogus", "version"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        !stderr(&out).contains("KUBELET_CA_AGENT_LOG_LEVEL")
+            && stderr(&out).contains("--log-level"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn an_unknown_variable_is_warned_about_with_the_closest_known_one() {
+    let node = Node::new();
+    let pem = pki::bundle_of(1, "env");
+    let source = node.source("a.pem", &pem);
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    let out = clean(&mut node.command("sync"))
+        .env("KUBELET_CA_AGENT_SOURCE", &source)
+        .env("KUBELET_CA_AGENT_SOURCES", "file:/misspelt.pem")
+        .env("KUBELET_CA_AGENT_NO_SUCH_THING_AT_ALL", "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a warning, not an error: {}",
+        stderr(&out)
+    );
+    assert!(node.holds(&pem));
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].contains("KUBELET_CA_AGENT_NO_SUCH_THING_AT_ALL")
+            && lines[1].contains("KUBELET_CA_AGENT_SOURCES")
+            && lines[1].contains("did you mean KUBELET_CA_AGENT_SOURCE?"),
+        "the warnings come first, one line each: {err}"
+    );
+    assert!(lines[2].contains("bundle written"), "{err}");
+}
+
+#[test]
+fn a_list_may_have_spaces_after_its_commas_and_a_trailing_comma() {
+    let node = Node::new();
+    let (a, b) = (pki::bundle_of(1, "a"), pki::bundle_of(1, "b"));
+    let (sa, sb) = (node.source("a.pem", &a), node.source("b.pem", &b));
+    let out = node.sync(&[&format!("{sa}, {sb},")], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(node.holds(a.clone() + &b));
+
+    fs::remove_file(node.bundle()).unwrap();
+    let out = clean(&mut node.command("sync"))
+        .env("KUBELET_CA_AGENT_SOURCE", format!(" {sb} ,{sa}, "))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(node.holds(b + &a));
+}
+
 // 13. Output nobody reads.
 
 #[test]
