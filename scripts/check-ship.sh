@@ -118,16 +118,35 @@ if [ "${SKIP_IMAGE:-}" = 1 ]; then
 fi
 step "image: static build"
 started=$(date +%s)
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target x86_64-unknown-linux-gnu
-binary=target/x86_64-unknown-linux-gnu/release/kubelet-ca-agent
-echo "static release build: $(( $(date +%s) - started )) s"
+# The binary where cargo wrote it (CARGO_TARGET_DIR or a cargo config may move it): the
+# compiler-artifact message names it. Progress and warnings go to the terminal as usual.
+binary=$(RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+    --target x86_64-unknown-linux-gnu --bin kubelet-ca-agent --message-format=json-render-diagnostics |
+  python3 -c '
+import json, sys
+exe = [m["executable"] for m in map(json.loads, sys.stdin)
+       if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "kubelet-ca-agent"
+       and m.get("executable")]
+sys.exit("cargo build reported no kubelet-ca-agent executable") if not exe else print(exe[-1])
+')
+echo "static release build: $(( $(date +%s) - started )) s: $binary"
+# The Containerfile takes the binary from where cargo writes it without CARGO_TARGET_DIR
+# (.containerignore lets in nothing else): build from the repository as documented, or,
+# when cargo wrote it elsewhere, from a context laid out the same way.
+context=.
+if [ "$(realpath "$binary")" != "$(realpath -m target/x86_64-unknown-linux-gnu/release/kubelet-ca-agent)" ]; then
+  context=$work/context
+  mkdir -p "$context/target/x86_64-unknown-linux-gnu/release"
+  cp .containerignore "$context/"
+  cp "$binary" "$context/target/x86_64-unknown-linux-gnu/release/"
+fi
 file "$binary" 2>/dev/null || true
 if readelf -l "$binary" | grep -q 'Requesting program interpreter'; then
   echo "$binary is dynamically linked" >&2; exit 1
 fi
 step "image: buildah"
 b() { buildah --storage-driver vfs --root "$work/storage" --runroot "$work/run" "$@"; }
-b build --quiet --layers=false -f Containerfile -t localhost/kubelet-ca-agent:check . >/dev/null
+b build --quiet --layers=false -f Containerfile -t localhost/kubelet-ca-agent:check "$context" >/dev/null
 mounted=$(b from --quiet localhost/kubelet-ca-agent:check)
 rootfs=$(b mount "$mounted")
 bytes=$(du -sb "$rootfs" | cut -f1)

@@ -376,9 +376,15 @@ pub struct SyncArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Print which certificates would be added and removed and whether the file would
-    /// change; write nothing.
+    /// change; write nothing. Exits as the sync would when that is known ahead (2 for a
+    /// missing directory or a bundle a running agent manages).
     #[arg(long, env = "KUBELET_CA_AGENT_DRY_RUN", value_parser = BoolishValueParser::new())]
     pub dry_run: bool,
+    /// Write even though a running agent (`run`) manages the bundle. It will put back its
+    /// own bundle at once (a repair) unless the sources agree: to change what it writes,
+    /// give the agent a local source (--source file:PATH or dir:PATH), or stop it first.
+    #[arg(long, env = "KUBELET_CA_AGENT_FORCE", value_parser = BoolishValueParser::new())]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -23,6 +23,73 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How often a running hook is checked for exit, timeout or shutdown.
 const POLL: Duration = Duration::from_millis(20);
 
+/// Checks, before anything is written, that the hook's program can be run: an existing
+/// regular file with execute permission, looked up on `PATH` when its name has no slash
+/// (as the run itself will). A hook that cannot start would otherwise only be a warning
+/// after each replace, and the service it was meant to reload would go on with the old
+/// bundle. Returns the program's path, or one line saying what is wrong.
+pub fn check(command: &[String]) -> Result<PathBuf, String> {
+    let program = command.first().ok_or("the command is empty")?;
+    let shown = crate::text::escape(program).into_owned();
+    let fix = "fix --exec-on-change (or KUBELET_CA_AGENT_EXEC_ON_CHANGE), or install the program";
+    if program.contains('/') {
+        return runnable(Path::new(program))
+            .map(|()| PathBuf::from(program))
+            .map_err(|why| format!("--exec-on-change: {shown} {why}; {fix}"));
+    }
+    // Without PATH, the C library's execvp searches its own default.
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    let mut found = None;
+    for dir in std::env::split_paths(&path) {
+        // An empty entry would be the working directory: a hook found only there works or
+        // not depending on where the agent was started, so it is not looked for.
+        if dir.as_os_str().is_empty() {
+            continue;
+        }
+        let candidate = dir.join(program);
+        match runnable(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(why) if candidate.exists() => found = found.or(Some((candidate, why))),
+            Err(_) => {}
+        }
+    }
+    Err(match found {
+        Some((candidate, why)) => format!(
+            "--exec-on-change: {shown} was found on PATH as {}, which {why}; {fix}",
+            crate::text::escape(&candidate.display().to_string())
+        ),
+        None => format!(
+            "--exec-on-change: {shown} is not found on PATH ({}); give its full path, or {fix}",
+            crate::text::escape(&path.to_string_lossy())
+        ),
+    })
+}
+
+/// Whether `path` is a regular file (through links) this process may execute.
+fn runnable(path: &Path) -> Result<(), &'static str> {
+    use std::os::unix::fs::PermissionsExt;
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("does not exist"),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err("cannot be reached (permission denied on a directory above it)");
+        }
+        Err(_) => return Err("cannot be read"),
+    };
+    if metadata.is_dir() {
+        return Err("is a directory, not a program");
+    }
+    if !metadata.is_file() {
+        return Err("is not a regular file");
+    }
+    if metadata.permissions().mode() & 0o111 == 0
+        || nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_err()
+    {
+        return Err("is not executable (chmod +x it, or check the mount is not noexec)");
+    }
+    Ok(())
+}
+
 /// Runs the command to completion, or until `timeout`, or until `stop` says so. Returns
 /// whether it succeeded.
 pub fn run(command: &[String], bundle: &Path, timeout: Duration, stop: &dyn Fn() -> bool) -> bool {
@@ -174,6 +241,26 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn a_hook_is_checked_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("hook");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let owned = |p: &Path| vec![p.display().to_string()];
+        let why = check(&owned(&script)).unwrap_err();
+        assert!(why.contains("is not executable"), "{why}");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(check(&owned(&script)), Ok(script.clone()));
+        let why = check(&owned(&dir.path().join("missing"))).unwrap_err();
+        assert!(why.contains("does not exist"), "{why}");
+        let why = check(&owned(dir.path())).unwrap_err();
+        assert!(why.contains("is a directory"), "{why}");
+        assert!(check(&words("sh -c true")).unwrap().ends_with("sh"));
+        let why = check(&words("no-such-program-anywhere")).unwrap_err();
+        assert!(why.contains("is not found on PATH"), "{why}");
     }
 
     #[test]

@@ -192,6 +192,44 @@ fn agent_run_help() -> Output {
     agent(&["run", "--help"], &[])
 }
 
+// 20. A hook that cannot run.
+
+#[test]
+fn a_hook_that_cannot_run_is_refused_before_anything_is_written() {
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(1, "ca"));
+    let not_executable = node.root().join("hook.sh");
+    fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+    for (hook, why) in [
+        ("/nonexistent/hook", "does not exist"),
+        (not_executable.to_str().unwrap(), "is not executable"),
+        ("no-such-hook-on-path --flag", "is not found on PATH"),
+    ] {
+        let out = node.sync(&[&source], &["--exec-on-change", hook]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{hook}: {err}");
+        assert!(
+            err.contains(why) && err.contains("--exec-on-change"),
+            "{hook}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(!node.bundle().exists(), "{hook}: nothing written");
+    }
+
+    let out = clean(node.command("run").args(["--source", &source]))
+        .args(["--listen", "127.0.0.1:0", "--insecure-metrics"])
+        .args(["--exec-on-change", "/nonexistent/hook"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/hook does not exist"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!node.bundle().exists());
+}
+
 // 23. The help.
 
 #[test]

@@ -20,6 +20,9 @@ use crate::writer::OnDisk;
 
 pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let common = &args.common;
+    if let Some(command) = &common.exec_on_change {
+        crate::exec::check(&command.0).map_err(UsageError)?;
+    }
     let now = OffsetDateTime::now_utc();
     let target = Target::new(common);
 

@@ -28,6 +28,9 @@ use reconciler::{Inputs, Reconciler};
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     crate::server::endpoint::check_listen(&args.server)?;
+    if let Some(command) = &args.common.exec_on_change {
+        crate::exec::check(&command.0).map_err(UsageError)?;
+    }
     runtime()?.block_on(run_async(args))
 }
 
