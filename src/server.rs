@@ -431,7 +431,11 @@ impl Connections {
     /// Returns once every connection told to make room has closed.
     async fn settled(&self) {
         loop {
+            // Registered before the count is read: a close between the two is not missed
+            // (notify_waiters wakes only the waiters already registered).
             let gone = self.closing.gone.notified();
+            tokio::pin!(gone);
+            gone.as_mut().enable();
             if self
                 .closing
                 .count
