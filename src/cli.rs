@@ -150,7 +150,9 @@ pub struct CommonArgs {
     pub retain_removed: Duration,
     /// Run this command (no shell; words split like a shell would) after each replace of the
     /// bundle, with KUBELET_CA_BUNDLE set to its path. One run at a time: replaces during a
-    /// run make one more run after it. Failures are logged and counted, not retried.
+    /// run make one more run after it. Failures are logged and counted, not retried. The
+    /// program must exist and be executable (found on PATH when it has no slash), or sync
+    /// and run refuse to start (exit 2).
     #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE", value_parser = parse_command)]
     pub exec_on_change: Option<ExecCommand>,
     /// Kill an --exec-on-change command (and its process group) that runs longer than this.

@@ -11,8 +11,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::daemon::{Agent, wait_until};
-use common::pki;
-use common::{Node, agent_bin, stderr, stdout};
+use common::pki::{self, Algorithm, Signer};
+use common::{Node, agent_bin, fingerprint_file, stderr, stdout};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -42,6 +42,77 @@ fn closed_pipe() -> OwnedFd {
     let (read, write) = nix::unistd::pipe().unwrap();
     drop(read);
     write
+}
+
+// 7. A sync against a bundle that a running agent manages.
+
+#[test]
+fn sync_refuses_a_bundle_that_a_running_agent_manages_unless_forced() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("agent-signer", Algorithm::P256),
+        Signer::new("hand-signer", Algorithm::P256),
+    );
+    let agents = node.source("a.pem", a.pem());
+    let by_hand = node.source("b.pem", b.pem());
+    let mut agent = Agent::start(&node, &[&agents], &[]);
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+    let before = fingerprint_file(&node.bundle());
+
+    let out = node.sync(&[&by_hand], &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&node.bundle().display().to_string())
+            && err.contains(&format!("pid {}", agent.child.id()))
+            && err.contains("managed by a running kubelet-ca-agent"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--source") && err.contains("systemctl stop") && err.contains("--force"),
+        "says what to do instead: {err}"
+    );
+    assert_eq!(fingerprint_file(&node.bundle()), before, "nothing written");
+
+    // The dry run shows the plan, and fails as the sync would.
+    let out = node.sync(&[&by_hand], &["--dry-run"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stdout(&out).contains("would add"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("managed by a running"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A second agent on the same state directory is refused as well.
+    let second = clean(Command::new(agent_bin()).args(["run", "--source", &agents]))
+        .arg("--bundle")
+        .arg(node.bundle())
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .args(["--listen", "127.0.0.1:0", "--insecure-metrics"])
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("another kubelet-ca-agent run"),
+        "{}",
+        stderr(&second)
+    );
+
+    // Forced: written, and put back by the agent.
+    let out = node.sync(&[&by_hand], &["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+
+    // An agent killed outright leaves its lock file, which claims nothing any more.
+    agent.child.kill().unwrap();
+    agent.child.wait().unwrap();
+    assert!(node.state_dir().join("agent.lock").exists());
+    let out = node.sync(&[&by_hand], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(node.holds(b.pem()));
 }
 
 // 11. The environment.
@@ -147,6 +218,19 @@ fn a_closed_stdout_ends_the_output_quietly_with_the_usual_exit_code() {
         assert_eq!(stderr(&out), "", "{args:?}: no noise");
     }
 
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(2, "plan"));
+    fs::create_dir_all(node.bundle_dir()).unwrap();
+    let out = clean(
+        node.command("sync")
+            .args(["--source", &source, "--dry-run"]),
+    )
+    .stdout(closed_pipe())
+    .stderr(Stdio::piped())
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
 
 #[test]

@@ -567,3 +567,68 @@ fn dry_run_can_be_set_from_the_environment_with_the_usual_boolean_spellings() {
     let out = sync_with("maybe");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn a_bundle_in_a_missing_directory_is_refused_by_sync_and_by_its_dry_run() {
+    let node = Node::new();
+    let source = node.source("a.pem", pki::bundle_of(1, "ca"));
+    let missing = node.bundle_dir();
+    for extra in [&["--dry-run"][..], &[]] {
+        let out = node
+            .command("sync")
+            .arg("--source")
+            .arg(&source)
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(&format!("{} does not exist", missing.display())),
+            "{extra:?} names the directory: {err}"
+        );
+        assert!(
+            !stdout(&out).contains("would be created"),
+            "{extra:?} claims it would work: {}",
+            stdout(&out)
+        );
+        assert!(!missing.exists());
+    }
+}
+
+#[test]
+fn dry_run_lines_are_aligned_and_an_expired_certificate_is_marked() {
+    let node = Node::new();
+    let short = Signer::new("a", Algorithm::P256);
+    let long = Signer::new("kube-apiserver-to-kubelet-signer", Algorithm::P256);
+    let dead = Signer::valid_between(
+        "old-csr-signer",
+        Algorithm::P256,
+        Duration::days(-30),
+        Duration::days(-1),
+    );
+    let first = node.source("first.pem", dead.pem());
+    let live = node.source("live.pem", short.pem());
+    assert!(node.sync(&[&first, &live], &[]).status.success());
+    let next = node.source("next.pem", long.pem());
+    let out = node.sync(&[&live, &next], &["--dry-run"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan = stdout(&out);
+    let lines: Vec<&str> = plan.lines().filter(|l| l.contains("sha256:")).collect();
+    assert_eq!(lines.len(), 2, "{plan}");
+    let columns: Vec<(usize, usize)> = lines
+        .iter()
+        .map(|l| (l.find("sha256:").unwrap(), l.find("notAfter").unwrap()))
+        .collect();
+    assert!(
+        columns.iter().all(|c| *c == columns[0]),
+        "columns at {columns:?}:\n{plan}"
+    );
+    let removed = lines.iter().find(|l| l.contains("old-csr-signer")).unwrap();
+    assert!(removed.ends_with("EXPIRED"), "{plan}");
+    let added = lines.iter().find(|l| l.contains("kube-apiserver")).unwrap();
+    assert!(
+        added.ends_with('Z'),
+        "a live certificate is not marked: {plan}"
+    );
+}

@@ -2,6 +2,12 @@
 //! watch), build the bundle, write it if its bytes changed, and exit. With no earlier
 //! content to fall back on, any rejected source or a bundle with no valid certificate ends
 //! the run with exit 1 and writes nothing (SPEC 4.7).
+//!
+//! Some failures are known before any source is read, and refused as configuration errors
+//! (exit 2) with nothing written: a hook that cannot run, a bundle directory that does not
+//! exist, and a bundle that a running agent manages (it would undo the write at once, as a
+//! repair; `--force` writes anyway). `--dry-run` prints its plan, then exits as the sync
+//! would on these.
 
 use std::path::Path;
 
@@ -10,8 +16,9 @@ use time::OffsetDateTime;
 
 use crate::bundle::{self, Bundle, SourceCertificates};
 use crate::cli::{CommonArgs, SyncArgs};
-use crate::commands::rfc3339;
+use crate::commands::{print_out, rfc3339};
 use crate::credentials::Origin;
+use crate::daemon::running::{self, ManagedPath};
 use crate::error::{Exit, UsageError};
 use crate::source::{SourceSpec, cluster, local};
 use crate::target::{Target, readable_certificates};
@@ -22,6 +29,10 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let common = &args.common;
     if let Some(command) = &common.exec_on_change {
         crate::exec::check(&command.0).map_err(UsageError)?;
+    }
+    let blocked = blocked(&args);
+    if let (Some(blocked), false) = (blocked.as_ref(), args.dry_run) {
+        return Err(blocked.error().into());
     }
     let now = OffsetDateTime::now_utc();
     let target = Target::new(common);
@@ -38,8 +49,19 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let rendered = built.bundle.render();
 
     if args.dry_run {
-        print_plan(&common.bundle, &on_disk, &built.bundle, &rendered);
-        return Ok(Exit::Success);
+        let missing_dir = matches!(blocked, Some(Blocked::Directory(_)));
+        print_out(&plan(
+            &common.bundle,
+            &on_disk,
+            &built.bundle,
+            &rendered,
+            now.unix_timestamp(),
+            !missing_dir,
+        ))?;
+        return match blocked {
+            Some(blocked) => Err(blocked.error().into()),
+            None => Ok(Exit::Success),
+        };
     }
 
     target.prepare();
@@ -59,6 +81,67 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
         );
     }
     Ok(Exit::Success)
+}
+
+/// What stops a sync before it starts, with the line that says so.
+enum Blocked {
+    /// The bundle's directory does not exist, or is not a directory.
+    Directory(String),
+    /// A running agent manages the bundle.
+    Managed(String),
+}
+
+impl Blocked {
+    fn error(&self) -> UsageError {
+        match self {
+            Blocked::Directory(why) | Blocked::Managed(why) => UsageError(why.clone()),
+        }
+    }
+}
+
+/// A directory that is not there (the write would fail; the daemon refuses to start on
+/// it too), or an agent that manages the bundle (unless `--force`).
+fn blocked(args: &SyncArgs) -> Option<Blocked> {
+    let common = &args.common;
+    let bundle = escape(&common.bundle.display().to_string()).into_owned();
+    let dir = crate::writer::atomic::parent_dir(&common.bundle);
+    let shown_dir = escape(&dir.display().to_string()).into_owned();
+    match std::fs::metadata(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(Blocked::Directory(format!(
+                "cannot write {bundle}: its directory {shown_dir} does not exist; create it (on a node it is the kubelet's), or fix --bundle"
+            )));
+        }
+        Ok(m) if !m.is_dir() => {
+            return Some(Blocked::Directory(format!(
+                "cannot write {bundle}: {shown_dir} is not a directory; fix --bundle"
+            )));
+        }
+        // Anything else (permission denied) is for the write to report.
+        _ => {}
+    }
+    let claim = match running::find(&common.state_dir) {
+        Ok(claim) => claim?,
+        Err(e) => {
+            tracing::warn!(state_dir = %common.state_dir.display(), error = %e, "cannot tell whether a running agent manages the bundle");
+            return None;
+        }
+    };
+    let ours = ManagedPath::of(&common.bundle);
+    // A claim being written names no file yet: take it for ours, the safe side.
+    if !claim.managed.is_empty() && !claim.managed.iter().any(|m| m.is(&ours)) {
+        return None;
+    }
+    let lock = common.state_dir.join(running::LOCK_FILE);
+    if args.force {
+        tracing::warn!(bundle = %common.bundle.display(), pid = %claim.who(), "--force: a running agent manages the bundle, and will put back its own bundle at once unless its sources agree with this one");
+        return None;
+    }
+    Some(Blocked::Managed(format!(
+        "{bundle} is managed by a running kubelet-ca-agent (pid {}; it holds {}), which would undo this sync at once, as a repair: give that agent the certificates through its sources (e.g. --source dir:PATH), or stop it (systemctl stop kubelet-ca-agent) first; --force writes anyway",
+        claim.who(),
+        escape(&lock.display().to_string()),
+    )))
 }
 
 /// Every source, in order; the first that cannot be used ends the run. Each cluster read has
@@ -106,49 +189,88 @@ fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> 
     Ok(sources)
 }
 
-fn print_plan(path: &Path, on_disk: &OnDisk, new: &Bundle, rendered: &[u8]) {
+/// The dry run's report: one aligned line per certificate that would be added or removed
+/// (an expired or not yet valid one marked), then what would happen to the file (left out
+/// when nothing can be written, which the error line then says).
+fn plan(
+    path: &Path,
+    on_disk: &OnDisk,
+    new: &Bundle,
+    rendered: &[u8],
+    now: i64,
+    writable: bool,
+) -> String {
+    use std::fmt::Write;
     let old = on_disk
         .bytes()
         .map(readable_certificates)
         .unwrap_or_default();
     let diff = bundle::diff(&old, new.certificates());
-    for (sign, verb, certificates) in [("+", "add", &diff.added), ("-", "remove", &diff.removed)] {
-        for c in certificates.iter() {
-            println!(
-                "{sign} would {verb:<6}  {}  sha256:{}  notAfter {}",
-                escape(&c.display_name()),
-                c.fingerprint(),
-                rfc3339(c.not_after)
-            );
-        }
+    let rows: Vec<(&str, &str, String, String, String, &str)> =
+        [("+", "add", &diff.added), ("-", "remove", &diff.removed)]
+            .into_iter()
+            .flat_map(|(sign, verb, certificates)| {
+                certificates.iter().map(move |c| {
+                    let mark = if c.is_expired_at(now) {
+                        "EXPIRED"
+                    } else if now < c.not_before {
+                        "NOT YET VALID"
+                    } else {
+                        ""
+                    };
+                    (
+                        sign,
+                        verb,
+                        escape(&c.display_name()).into_owned(),
+                        c.fingerprint().to_string(),
+                        rfc3339(c.not_after),
+                        mark,
+                    )
+                })
+            })
+            .collect();
+    let width = rows.iter().map(|r| r.2.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (sign, verb, name, sha256, not_after, mark) in &rows {
+        let line = format!(
+            "{sign} would {verb:<6}  {name:<width$}  sha256:{sha256}  notAfter {not_after}  {mark}"
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    if !writable {
+        return out;
     }
     let shown = path.display().to_string();
     let path = escape(&shown);
-    match on_disk {
-        OnDisk::Regular { bytes, .. } if bytes == rendered => {
-            println!(
-                "{path} is in sync ({} certificates); nothing would change",
-                new.len()
-            )
-        }
-        OnDisk::Missing => println!(
+    let _ = match on_disk {
+        OnDisk::Regular { bytes, .. } if bytes == rendered => writeln!(
+            out,
+            "{path} is in sync ({} certificates); nothing would change",
+            new.len()
+        ),
+        OnDisk::Missing => writeln!(
+            out,
             "{path} does not exist; it would be created with {} certificates",
             new.len()
         ),
-        OnDisk::Other(kind) => println!(
+        OnDisk::Other(kind) => writeln!(
+            out,
             "{path} is {kind}; it would be replaced by a regular file with {} certificates",
             new.len()
         ),
-        OnDisk::Regular { .. } if diff.added.is_empty() && diff.removed.is_empty() => println!(
+        OnDisk::Regular { .. } if diff.added.is_empty() && diff.removed.is_empty() => writeln!(
+            out,
             "{path} would change: same {} certificates, rewritten in standard form",
             new.len()
         ),
-        OnDisk::Regular { .. } => println!(
+        OnDisk::Regular { .. } => writeln!(
+            out,
             "{path} would change: {} -> {} certificates ({} added, {} removed)",
             old.len(),
             new.len(),
             diff.added.len(),
             diff.removed.len()
         ),
-    }
+    };
+    out
 }

@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod reconciler;
+pub mod running;
 
 use std::sync::Arc;
 
@@ -31,6 +32,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     if let Some(command) = &args.common.exec_on_change {
         crate::exec::check(&command.0).map_err(UsageError)?;
     }
+    // Held until the agent exits: a hand-run `sync` sees it and refuses to write a file
+    // this agent would put back.
+    let _claim = running::claim(&args.common.state_dir, &args.common.bundle)?;
     runtime()?.block_on(run_async(args))
 }
 
