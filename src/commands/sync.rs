@@ -58,10 +58,16 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
             now.unix_timestamp(),
             !missing_dir,
         ))?;
-        return match blocked {
-            Some(blocked) => Err(blocked.error().into()),
-            None => Ok(Exit::Success),
-        };
+        // SPEC 3: a dry run writes nothing and exits 0. What would stop the sync itself is
+        // said on stderr, as the sync would say it, so that the plan is not taken for a
+        // promise.
+        if let Some(blocked) = blocked {
+            eprintln!(
+                "kubelet-ca-agent: the sync itself would be refused: {}",
+                escape(&blocked.error().to_string())
+            );
+        }
+        return Ok(Exit::Success);
     }
 
     target.prepare();
