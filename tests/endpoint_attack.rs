@@ -400,10 +400,11 @@ impl Secured {
             cmd.env_remove("KUBELET_CA_AGENT_INSECURE_METRICS");
         });
         let anonymous = client_config(None);
-        wait_until(10 * SECOND, || {
+        let up = eventually(10 * SECOND, || {
             https_get(agent.port, &anonymous, "/livez", "", 5 * SECOND)
                 .is_some_and(|r| r.code == 200)
         });
+        assert!(up, "the agent does not answer /livez: {}", agent.log());
         agent
     }
 }
@@ -715,6 +716,7 @@ fn unread_pipelined_connections_under_a_low_descriptor_limit_starve_neither_prob
     assert_eq!(nofile, ["256", "256"], "the agent runs under ulimit -n 256");
     let start_fds = open_fds(pid);
     let log_from = agent.log().lines().count();
+    let start_cpu = common::cpu_ticks(pid);
 
     let mut flood: Vec<Option<TcpStream>> = (0..300)
         .map(|_| {
@@ -762,6 +764,7 @@ fn unread_pipelined_connections_under_a_low_descriptor_limit_starve_neither_prob
         (probes, rotation.join().unwrap(), closed)
     });
     let flood_fds = open_fds(pid);
+    let flood_cpu = common::cpu_ticks(pid) - start_cpu;
     // Writes have stopped; the connections stay open and unread. A connection whose writes
     // make no progress is closed after a while: the agent's descriptors come back.
     let started = Instant::now();
@@ -787,6 +790,7 @@ fn unread_pipelined_connections_under_a_low_descriptor_limit_starve_neither_prob
         "descriptors: {start_fds} at start, {flood_fds} at the end of the flood, {end_fds} {recovery:.1?} after; peak memory {} MB",
         agent.peak_rss() >> 20
     );
+    eprintln!("the agent's CPU during the flood: {flood_cpu} ticks");
     eprintln!("probes: {probes:?}");
     eprintln!("rotation: {rotation:?}");
     eprintln!(
@@ -1260,14 +1264,7 @@ fn a_reviewer_that_is_down_is_logged_a_few_times_not_once_per_request() {
 #[test]
 fn a_subject_with_two_common_names_is_the_user_of_the_last() {
     let _serial = serial();
-    let node = Node::new();
-    let source = node.source(
-        "signers.pem",
-        Signer::new("kubelet-signer", Algorithm::P256).pem(),
-    );
     let scrapers = Ca::new(dn("scrapers"));
-    let client_ca = node.root().join("scrapers-ca.crt");
-    fs::write(&client_ca, &scrapers.pem).unwrap();
     // rcgen keeps one value per attribute type: the second CN goes in under its OID spelt
     // out, which rcgen counts as another type.
     let mut subject = dn("first");
@@ -1283,15 +1280,24 @@ fn a_subject_with_two_common_names_is_the_user_of_the_last() {
     );
     let client = client_config(Some(identity(vec![cert], &key)));
 
-    let allows_second = Secured::new(
-        &node,
-        "second",
-        &client_ca,
-        &["--authorized-users", "second"],
-    )
-    .start(&node, &[&source], &[]);
-    let allows_first = Secured::new(&node, "first", &client_ca, &["--authorized-users", "first"])
-        .start(&node, &[&source], &[]);
+    // One agent per node: a node's state directory belongs to one running agent.
+    let allowing = |user: &str| {
+        let node = Node::new();
+        let source = node.source(
+            "signers.pem",
+            Signer::new("kubelet-signer", Algorithm::P256).pem(),
+        );
+        let client_ca = node.root().join("scrapers-ca.crt");
+        fs::write(&client_ca, &scrapers.pem).unwrap();
+        let agent = Secured::new(&node, user, &client_ca, &["--authorized-users", user]).start(
+            &node,
+            &[&source],
+            &[],
+        );
+        (agent, node)
+    };
+    let (allows_second, _second_node) = allowing("second");
+    let (allows_first, _first_node) = allowing("first");
     let get = |agent: &Agent| https_get(agent.port, &client, "/metrics", "", 5 * SECOND);
     let (as_second, as_first) = (get(&allows_second), get(&allows_first));
     eprintln!("subject {text}\nallowing second: {as_second:?}\nallowing first: {as_first:?}");
