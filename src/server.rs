@@ -109,6 +109,8 @@ struct App {
     guard: Arc<Guard>,
     /// The agent's credentials for the API server, when it talks to it.
     credentials: Option<Credentials>,
+    /// One `/metrics` render at a time.
+    rendering: Arc<tokio::sync::Semaphore>,
 }
 
 /// What a connection brought with it: the client's certificate chain, if any, and whether
@@ -202,6 +204,7 @@ pub fn router(
         liveness,
         guard,
         credentials,
+        rendering: Arc::new(tokio::sync::Semaphore::new(1)),
     };
     Router::new()
         .route("/livez", get(live))
@@ -771,11 +774,21 @@ async fn metrics_handler(
     } else {
         metrics::PROMETHEUS_CONTENT_TYPE
     };
-    (
-        [(header::CONTENT_TYPE, content_type)],
-        app.exposition.encode(wants_openmetrics),
-    )
-        .into_response()
+    // Rendering is CPU (the process's own figures read /proc on every scrape): it runs off
+    // the endpoint's threads, one render at a time, so that probes, and the loop, never
+    // wait behind a flood of scrapes; further scrapes wait for their turn.
+    let Ok(_turn) = app.rendering.clone().acquire_owned().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    };
+    let exposition = app.exposition.clone();
+    match tokio::task::spawn_blocking(move || exposition.encode(wants_openmetrics)).await {
+        Ok(body) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the metrics could not be rendered\n",
+        )
+            .into_response(),
+    }
 }
 
 #[cfg(test)]

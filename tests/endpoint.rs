@@ -738,7 +738,23 @@ fn tls_min_version_refuses_older_clients() {
     let (_, client_ca) = scrapers_ca(&node);
     let endpoint = Endpoint::new(&node, &client_ca, &[]);
     let default = endpoint.start(&node, &[&source], &[]);
-    let strict = endpoint.start(&node, &[&source], &["--tls-min-version", "1.3"]);
+    // A second agent keeps a bundle and state of its own (one agent per state directory).
+    let other = Node::new();
+    std::fs::create_dir_all(other.bundle_dir()).unwrap();
+    let bundle = other.bundle();
+    let state = other.state_dir();
+    let strict = endpoint.start(
+        &node,
+        &[&source],
+        &[
+            "--tls-min-version",
+            "1.3",
+            "--bundle",
+            bundle.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    );
     for agent in [&default, &strict] {
         wait_until(10 * SECOND, || endpoint.get(agent, "/livez", None).0 == 200);
     }
