@@ -246,9 +246,10 @@ pub fn spawn(
 /// Accepts connections until the process ends, each served by a task of its own, at most
 /// `limits.connections` at once plus `limits.reserve` for the health paths. When every place
 /// is taken, a new connection takes the place of the oldest idle one (still in its TLS
-/// handshake, or waiting for a request): a silent client holds nothing another needs. Only
-/// when every connection is busy (a request being answered, bounded by [`REQUEST_TIMEOUT`]
-/// and [`WRITE_TIMEOUT`]) is a new one closed at once.
+/// handshake, or waiting for a request), else of the oldest whose client has not read its
+/// answers for [`STALL_GRACE`]: a silent or unreading client holds nothing another needs.
+/// Only when every connection is being answered (bounded by [`REQUEST_TIMEOUT`]) is a new
+/// one sent to the reserve, or closed at once.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -376,20 +377,56 @@ struct Closing {
     gone: tokio::sync::Notify,
 }
 
+/// A connection whose write has waited this long for its client to read gives its place
+/// to a new one when no connection is idle: a client that does not read, not one that
+/// reads slowly.
+const STALL_GRACE: Duration = Duration::from_secs(1);
+
 /// What the pool knows of one connection: whether it is busy, and how to close it.
-#[derive(Default)]
 struct Connection {
+    accepted: std::time::Instant,
     /// Requests being answered.
     requests: std::sync::atomic::AtomicUsize,
-    /// A write waits for the client to read.
-    stalled: std::sync::atomic::AtomicBool,
+    /// Since when (nanoseconds after `accepted`, plus one; 0: not) a write has waited for
+    /// the client to read.
+    stalled_at: std::sync::atomic::AtomicU64,
     close: tokio::sync::Notify,
+}
+
+impl Default for Connection {
+    fn default() -> Self {
+        Connection {
+            accepted: std::time::Instant::now(),
+            requests: Default::default(),
+            stalled_at: Default::default(),
+            close: Default::default(),
+        }
+    }
 }
 
 impl Connection {
     fn idle(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        self.requests.load(Relaxed) == 0 && !self.stalled.load(Relaxed)
+        self.requests.load(Relaxed) == 0 && self.stalled_at.load(Relaxed) == 0
+    }
+
+    /// A write waits for the client to read (`true`), or made progress.
+    fn stall(&self, stalled: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !stalled {
+            self.stalled_at.store(0, Relaxed);
+        } else if self.stalled_at.load(Relaxed) == 0 {
+            let at = u64::try_from(self.accepted.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.stalled_at.store(at.saturating_add(1), Relaxed);
+        }
+    }
+
+    /// Whether a write has waited for the client for at least [`STALL_GRACE`].
+    fn stalled_long(&self, now: std::time::Instant) -> bool {
+        let at = self.stalled_at.load(std::sync::atomic::Ordering::Relaxed);
+        at != 0
+            && now.duration_since(self.accepted)
+                >= Duration::from_nanos(at - 1).saturating_add(STALL_GRACE)
     }
 }
 
@@ -459,8 +496,15 @@ impl Connections {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if table.len() >= self.limit {
-            let oldest_idle = table.iter().find(|(_, c)| c.idle()).map(|(id, _)| *id)?;
-            if let Some(evicted) = table.remove(&oldest_idle) {
+            // The oldest idle connection, else the oldest whose client has not read for a
+            // while; never one that is being answered.
+            let now = std::time::Instant::now();
+            let victim = table
+                .iter()
+                .find(|(_, c)| c.idle())
+                .or_else(|| table.iter().find(|(_, c)| c.stalled_long(now)))
+                .map(|(id, _)| *id)?;
+            if let Some(evicted) = table.remove(&victim) {
                 self.closing
                     .count
                     .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -573,12 +617,7 @@ impl<T> Deadline<T> {
         polled: std::task::Poll<std::io::Result<R>>,
     ) -> std::task::Poll<std::io::Result<R>> {
         use std::task::Poll;
-        let stalled = |deadline: &Self, yes| {
-            deadline
-                .state
-                .stalled
-                .store(yes, std::sync::atomic::Ordering::Relaxed)
-        };
+        let stalled = |deadline: &Self, yes| deadline.state.stall(yes);
         match polled {
             Poll::Pending => {
                 stalled(self, true);
@@ -803,15 +842,19 @@ mod tests {
         let places: Vec<Place> = (0..3).map(|_| pool.admit().unwrap()).collect();
         // The oldest is answering a request, the second waits for its client to read.
         let busy = Busy::new(places[0].state.clone());
-        places[1]
-            .state
-            .stalled
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        places[1].state.stall(true);
         let fourth = pool.admit().expect("the idle third makes room");
         assert_eq!(pool.table.lock().unwrap().len(), 3);
         assert!(!pool.table.lock().unwrap().contains_key(&places[2].id));
-        // Every connection busy now: a new one is refused.
+        // No idle one: the client that has just stopped reading keeps its place...
         let _also_busy = Busy::new(fourth.state.clone());
+        assert!(pool.admit().is_none());
+        // ... until it has not read for a while.
+        std::thread::sleep(STALL_GRACE);
+        let fifth = pool.admit().expect("the unreading second makes room");
+        assert!(!pool.table.lock().unwrap().contains_key(&places[1].id));
+        // Every connection being answered: a new one is refused.
+        let _answering = Busy::new(fifth.state.clone());
         assert!(pool.admit().is_none());
         // A request answered: that connection is idle again, and gives its place.
         drop(busy);
