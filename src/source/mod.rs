@@ -74,6 +74,11 @@ impl FromStr for SourceSpec {
         match kind {
             "configmap" => {
                 let parts: Vec<&str> = rest.split('/').collect();
+                // `configmap:ns` and the like: say what is missing rather than list every
+                // form.
+                if let Some(problem) = missing_configmap_parts(&parts) {
+                    return Err(fail(problem));
+                }
                 let (namespace, name, keys) = match parts[..] {
                     [ns, name] => (ns, name, Keys::One(DEFAULT_CONFIGMAP_KEY.to_string())),
                     [ns, name, "*"] => (ns, name, Keys::All),
@@ -91,6 +96,9 @@ impl FromStr for SourceSpec {
                     keys,
                 })
             }
+            "controllerconfig" if rest.is_empty() => Err(fail(
+                "the ControllerConfig's name is missing: controllerconfig:NAME (usually controllerconfig:machine-config-controller)".to_string(),
+            )),
             "controllerconfig" => {
                 check_dns_subdomain("ControllerConfig name", rest).map_err(&fail)?;
                 Ok(SourceSpec::ControllerConfig {
@@ -240,6 +248,22 @@ pub fn warn_not_ca(spec: &SourceSpec, parsed: &SourceCertificates) {
     }
 }
 
+/// What a `configmap:` spec lacks, when a part before the key is empty or absent
+/// (`configmap:`, `configmap:ns`, `configmap:ns/`, `configmap:/name`), said as such.
+fn missing_configmap_parts(parts: &[&str]) -> Option<String> {
+    let namespace = parts.first().is_none_or(|p| p.is_empty());
+    let name = parts.get(1).is_none_or(|p| p.is_empty());
+    let missing = match (namespace, name) {
+        (false, false) => return None,
+        (true, true) => "the namespace and name are missing",
+        (true, false) => "the namespace is missing",
+        (false, true) => "the ConfigMap's name is missing",
+    };
+    Some(format!(
+        "{missing}: NAMESPACE/NAME expected, e.g. openshift-config-managed/kube-apiserver-client-ca"
+    ))
+}
+
 /// RFC 1123 label, as Kubernetes requires of namespaces.
 fn check_dns_label(what: &str, value: &str) -> Result<(), String> {
     let ok = !value.is_empty()
@@ -307,6 +331,28 @@ mod tests {
         let implicit: SourceSpec = "configmap:a/b".parse().unwrap();
         assert_eq!(explicit, implicit);
         assert_eq!(explicit.to_string(), "configmap:a/b");
+    }
+
+    #[test]
+    fn a_spec_with_a_part_missing_says_which() {
+        for (spec, says) in [
+            ("configmap:ns-only", "the ConfigMap's name is missing"),
+            ("configmap:ns-only/", "the ConfigMap's name is missing"),
+            ("configmap:ns-only//key", "the ConfigMap's name is missing"),
+            ("configmap:", "the namespace and name are missing"),
+            ("configmap:/", "the namespace and name are missing"),
+            ("configmap:/name", "the namespace is missing"),
+            (
+                "controllerconfig:",
+                "the ControllerConfig's name is missing",
+            ),
+        ] {
+            let err = spec.parse::<SourceSpec>().unwrap_err();
+            assert!(err.problem.starts_with(says), "{spec}: {err}");
+        }
+        // A spec with every part still names the bad one by its rule.
+        let err = "configmap:Bad_NS/name".parse::<SourceSpec>().unwrap_err();
+        assert!(err.problem.contains("namespace \"Bad_NS\""), "{err}");
     }
 
     #[test]
