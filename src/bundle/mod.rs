@@ -105,16 +105,104 @@ pub struct Built {
 }
 
 /// The merged bundle held no certificate valid at `now`; it must not be written (SPEC 4.6).
+/// It names what is wrong with each certificate, so that the reader is sent to the right
+/// place: a signer whose rotation stalled (its notAfter), the clock (dates that look right
+/// but are judged otherwise), or a source that carries leaf certificates instead of CAs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the merged bundle holds {total} certificate(s) and none is valid now: refusing to write it"
-)]
+#[error("{}", describe(self))]
 pub struct NoValidCertificate {
+    /// Certificates in the merged bundle.
     pub total: usize,
+    /// Certificates past their notAfter: in the bundle, or left out by `--drop-expired`.
+    pub expired: Vec<Certificate>,
+    /// Certificates before their notBefore.
+    pub not_yet_valid: Vec<Certificate>,
+    /// Certificates the sources carry that were left out as not CAs, and where each is.
+    pub not_ca: Vec<parse::Skipped>,
 }
 
 impl NoValidCertificate {
+    /// The `reason` of `kubelet_ca_sync_errors_total` when certificates are there but none
+    /// is valid now.
     pub const REASON: &'static str = "no_valid_certificate";
+    /// The `reason` when the sources carry certificates but not one CA among them.
+    pub const REASON_NO_CA: &'static str = "no_ca_certificate";
+
+    /// Every certificate the sources carry was left out as not a CA: nothing is expired,
+    /// there is just no signer.
+    pub fn only_non_ca(&self) -> bool {
+        self.total == 0 && self.expired.is_empty() && !self.not_ca.is_empty()
+    }
+
+    /// The `reason` label of `kubelet_ca_sync_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        if self.only_non_ca() {
+            Self::REASON_NO_CA
+        } else {
+            Self::REASON
+        }
+    }
+}
+
+/// At most this many certificates are named in one message; the rest are counted.
+const NAMED_MAX: usize = 5;
+
+fn describe(e: &NoValidCertificate) -> String {
+    let not_ca = named(&e.not_ca, |s| (&s.certificate, format!("in {}", s.place())));
+    if e.only_non_ca() {
+        return format!(
+            "the sources hold no CA certificate: every certificate in them was left out as not a CA (no basicConstraints CA:TRUE): {not_ca}; refusing to write an empty bundle: a source must carry the signers' CA certificates, not certificates they issued"
+        );
+    }
+    let mut text = format!(
+        "the merged bundle holds {} certificate(s) and none is valid now: refusing to write it",
+        e.total
+    );
+    if !e.expired.is_empty() {
+        let list = named(&e.expired, |c| {
+            (c, format!("notAfter {}", rfc3339(c.not_after)))
+        });
+        text.push_str(&format!("; expired: {list}"));
+    }
+    if !e.not_yet_valid.is_empty() {
+        let list = named(&e.not_yet_valid, |c| {
+            (c, format!("notBefore {}", rfc3339(c.not_before)))
+        });
+        text.push_str(&format!("; not valid yet: {list}"));
+    }
+    if !e.not_ca.is_empty() {
+        text.push_str(&format!("; left out as not CAs: {not_ca}"));
+    }
+    text
+}
+
+/// `"CN" (sha256 0123456789ab, <detail>)` for each of the first few items (a certificate
+/// and what to say of it), and how many more there are.
+fn named<T>(items: &[T], each: impl Fn(&T) -> (&Certificate, String)) -> String {
+    let mut parts: Vec<String> = items
+        .iter()
+        .take(NAMED_MAX)
+        .map(|item| {
+            let (c, detail) = each(item);
+            let sha = c.fingerprint().short();
+            format!("{:?} (sha256 {sha}, {detail})", c.display_name())
+        })
+        .collect();
+    if items.len() > NAMED_MAX {
+        parts.push(format!("and {} more", items.len() - NAMED_MAX));
+    }
+    parts.join(", ")
+}
+
+/// Unix seconds as RFC 3339 in UTC, as the other dates the agent prints.
+fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string())
 }
 
 /// SPEC 4.4 to 4.6: the union of the sources in order, deduplicated by fingerprint (first
@@ -135,8 +223,25 @@ pub fn build(
         .partition(|c| !(policy.drop_expired && c.is_expired_at(now)));
     let bundle = Bundle { certificates: kept };
     if bundle.valid_count(now) == 0 {
+        // Each left-out certificate once, where it was first seen.
+        let mut seen = HashSet::new();
+        let not_ca = sources
+            .iter()
+            .flat_map(|s| s.not_ca.iter())
+            .filter(|skipped| seen.insert(skipped.certificate.fingerprint()))
+            .cloned()
+            .collect();
+        let (expired, not_yet_valid) = bundle
+            .certificates
+            .iter()
+            .chain(&dropped_expired)
+            .cloned()
+            .partition(|c| c.is_expired_at(now));
         return Err(NoValidCertificate {
             total: bundle.len(),
+            expired,
+            not_yet_valid,
+            not_ca,
         });
     }
     Ok(Built {
@@ -175,6 +280,20 @@ pub(crate) mod test_certs {
         Certificate::from_der(params.self_signed(&key).unwrap().der()).unwrap()
     }
 
+    /// A self-signed certificate that is not a CA (basicConstraints CA:FALSE), valid from
+    /// `not_before` to `not_after`.
+    pub fn leaf(cn: &str, not_before: i64, not_after: i64) -> Certificate {
+        let mut params = CertificateParams::default();
+        let mut name = DistinguishedName::new();
+        name.push(DnType::CommonName, cn);
+        params.distinguished_name = name;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.not_before = OffsetDateTime::from_unix_timestamp(not_before).unwrap();
+        params.not_after = OffsetDateTime::from_unix_timestamp(not_after).unwrap();
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        Certificate::from_der(params.self_signed(&key).unwrap().der()).unwrap()
+    }
+
     /// Unix seconds now.
     pub fn now() -> i64 {
         OffsetDateTime::now_utc().unix_timestamp()
@@ -183,7 +302,7 @@ pub(crate) mod test_certs {
 
 #[cfg(test)]
 mod build_tests {
-    use super::test_certs::{ca, now};
+    use super::test_certs::{self, ca, now};
     use super::*;
 
     fn source(certificates: Vec<Certificate>) -> SourceCertificates {
@@ -206,21 +325,83 @@ mod build_tests {
     }
 
     #[test]
-    fn a_merge_with_nothing_valid_now_is_refused_and_says_how_many_it_holds() {
-        let now = now();
-        let expired = ca(Some("expired"), None, now - 7200, now - 3600);
-        let future = ca(Some("next"), None, now + 3600, now + 7200);
+    fn a_merge_with_nothing_valid_now_is_refused_and_names_each_certificate_and_its_date() {
+        const T: i64 = 1_798_761_600; // 2027-01-01T00:00:00Z
+        let expired = ca(Some("expired"), None, T - 7200, T - 3600);
+        let future = ca(Some("next"), None, T + 3600, T + 7200);
         let refused = build(
-            &[source(vec![expired, future])],
+            &[source(vec![expired.clone(), future.clone()])],
             &[],
             Policy::default(),
-            now,
+            T,
         )
         .unwrap_err();
-        assert_eq!(refused, NoValidCertificate { total: 2 });
+        assert_eq!(refused.total, 2);
+        assert_eq!(refused.reason(), "no_valid_certificate");
+        let text = refused.to_string();
+        for needle in [
+            "holds 2 certificate(s) and none is valid now",
+            &format!(
+                "expired: \"expired\" (sha256 {}, notAfter 2026-12-31T23:00:00Z)",
+                expired.fingerprint().short()
+            ),
+            &format!(
+                "not valid yet: \"next\" (sha256 {}, notBefore 2027-01-01T01:00:00Z)",
+                future.fingerprint().short()
+            ),
+        ] {
+            assert!(text.contains(needle), "{needle} not in {text}");
+        }
+        // Left out by --drop-expired, an expired signer is still what is named.
+        let policy = Policy {
+            drop_expired: true,
+            ..Policy::default()
+        };
+        let refused = build(&[source(vec![expired])], &[], policy, T).unwrap_err();
+        assert_eq!(refused.total, 0);
+        assert_eq!(refused.reason(), "no_valid_certificate");
         assert!(
-            refused.to_string().contains("holds 2 certificate(s)"),
+            refused.to_string().contains("expired: \"expired\""),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn sources_of_leaf_certificates_only_are_refused_as_holding_no_ca() {
+        let now = now();
+        let leaves: Vec<_> = (0..7)
+            .map(|i| test_certs::leaf(&format!("leaf-{i}"), now - 60, now + 3600))
+            .collect();
+        let content = SourceCertificates {
+            certificates: Vec::new(),
+            not_ca: leaves
+                .iter()
+                .enumerate()
+                .map(|(i, c)| parse::Skipped {
+                    source: Some("file:/leaves.pem".to_string()),
+                    part: None,
+                    block: i + 1,
+                    certificate: c.clone(),
+                })
+                .collect(),
+        };
+        let refused = build(&[content], &[], Policy::default(), now).unwrap_err();
+        assert_eq!(refused.reason(), "no_ca_certificate");
+        let text = refused.to_string();
+        assert!(text.contains("no CA certificate"), "{text}");
+        assert!(!text.contains("valid now"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "\"leaf-0\" (sha256 {}, in file:/leaves.pem block 1)",
+                leaves[0].fingerprint().short()
+            )),
+            "{text}"
+        );
+        // A handful named, the rest counted.
+        assert!(
+            text.contains("\"leaf-4\"") && !text.contains("\"leaf-5\""),
+            "{text}"
+        );
+        assert!(text.contains("and 2 more"), "{text}");
     }
 }

@@ -367,8 +367,30 @@ fn decode_strictly(block: &Block<'_>) -> Result<Certificate, Rejection> {
 /// A certificate that parsed but was left out of the bundle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
+    /// The source it came from (`None` when parsed on its own, as `inspect` does).
+    pub source: Option<String>,
+    /// Which part of the source: a file of a `dir:` source, a key of a ConfigMap (`None`
+    /// for a source of one part).
+    pub part: Option<String>,
+    /// Its block index within that part.
     pub block: usize,
     pub certificate: Certificate,
+}
+
+impl Skipped {
+    /// Where it is, for a message: `file:/x.pem block 2`, `dir:/d (/d/b.crt) block 1`.
+    pub fn place(&self) -> String {
+        let mut place = String::new();
+        if let Some(source) = &self.source {
+            place.push_str(source);
+            place.push(' ');
+        }
+        if let Some(part) = &self.part {
+            place.push_str(&format!("({part}) "));
+        }
+        place.push_str(&format!("block {}", self.block));
+        place
+    }
 }
 
 /// The accepted content of one source.
@@ -403,6 +425,8 @@ pub fn parse_source(input: &[u8]) -> Result<SourceCertificates, Rejection> {
             parsed.certificates.push(certificate);
         } else {
             parsed.not_ca.push(Skipped {
+                source: None,
+                part: None,
                 block: block.index,
                 certificate,
             });

@@ -755,11 +755,8 @@ impl Reconciler {
             Err(e) => {
                 let problem = e.to_string();
                 if self.build_problem.as_ref() != Some(&problem) {
-                    tracing::error!(
-                        reason = bundle::NoValidCertificate::REASON,
-                        "{problem}; the file stays as it is"
-                    );
-                    self.count_sync_error(bundle::NoValidCertificate::REASON);
+                    tracing::error!(reason = e.reason(), "{problem}; the file stays as it is");
+                    self.count_sync_error(e.reason());
                     self.build_problem = Some(problem);
                 }
                 self.desired = None;

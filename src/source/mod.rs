@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::bundle::parse::Skipped;
 use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates, parse_source};
 
 /// The ConfigMap key used when a `configmap:` spec names none.
@@ -221,7 +222,14 @@ pub fn parse_parts<'a>(
         match parse_source(bytes) {
             Ok(parsed) => {
                 merged.certificates.extend(parsed.certificates);
-                merged.not_ca.extend(parsed.not_ca);
+                // A block index alone does not say which file or key it is in.
+                merged
+                    .not_ca
+                    .extend(parsed.not_ca.into_iter().map(|skipped| Skipped {
+                        source: Some(spec.to_string()),
+                        part: part.clone(),
+                        ..skipped
+                    }));
             }
             // An empty part among others is fine; the source as a whole needs a certificate.
             Err(Rejection::NoCertificate) => {}
@@ -234,16 +242,23 @@ pub fn parse_parts<'a>(
     Ok(merged)
 }
 
-/// Certificates that are not CAs are left out, with a warning naming each.
+/// Certificates that are not CAs are left out, with a warning naming each and where it is:
+/// the file (of a `dir:` source) or key (of a ConfigMap), and the block.
 pub fn warn_not_ca(spec: &SourceSpec, parsed: &SourceCertificates) {
     for skipped in &parsed.not_ca {
+        let place = match &skipped.part {
+            Some(part) => format!("{part}, block {}", skipped.block),
+            None => format!("block {}", skipped.block),
+        };
         tracing::warn!(
             source = %spec,
+            part = skipped.part.as_deref(),
             block = skipped.block,
             subject = %skipped.certificate.display_name(),
             sha256 = %skipped.certificate.fingerprint(),
             reason = "not_ca",
-            "left out a certificate that is not a CA: the kubelet cannot verify clients with it"
+            "left out {} ({place}): it is not a CA (basicConstraints CA:TRUE is missing), so the kubelet cannot verify clients with it",
+            skipped.certificate.display_name()
         );
     }
 }
