@@ -28,7 +28,7 @@ use crate::source::state::SourceState;
 use crate::status::{Status, TargetKind, unix_now};
 use crate::systemd::Notifier;
 use crate::target::Target;
-use crate::writer::OnDisk;
+use crate::writer::{OnDisk, WriteError};
 
 /// A local source being written in place (changed, not yet closed) is read once the writer
 /// closes it; a writer that keeps it open is read after this long without a change, and
@@ -159,6 +159,9 @@ enum Action {
     InSync,
     /// The content is right but something else changed the mode or owner: put them back.
     RepairAttributes,
+    /// A directory is at the path: no rename can replace it, and the agent never removes
+    /// one. Someone has to; the file is written as soon as it is gone.
+    CannotReplace,
     /// Replace the file with the goal. `repair`: the goal has not changed since this agent
     /// wrote or adopted it, so someone else changed the file.
     Write { repair: bool },
@@ -183,6 +186,9 @@ fn decide(facts: &Facts, repair: &Backoff, write_retry: &Backoff, now: Instant) 
         .is_some_and(|s| s.mode == facts.mode && facts.owner.is_none_or(|o| o == (s.uid, s.gid)));
     if content_ok && attributes_ok {
         return Action::InSync;
+    }
+    if *facts.on_disk == OnDisk::Other(FileKind::Directory) {
+        return Action::CannotReplace;
     }
     let goal = Fingerprint::of(facts.goal);
     let is_repair = content_ok || facts.last_written == Some(goal);
@@ -668,6 +674,21 @@ impl Reconciler {
                     }
                 }
             }
+            Action::CannotReplace => {
+                let error = WriteError::Directory {
+                    path: self.target.path().to_path_buf(),
+                };
+                // Looked at again on every change in the bundle's directory (its removal
+                // is one); counted and logged as failed writes are, with their backoff, so
+                // that a directory that stays is a sync error that keeps happening.
+                if self.write_retry.blocked(at).is_none() {
+                    tracing::error!(reason = error.reason(), "{error}");
+                    self.count_sync_error(error.reason());
+                    self.write_retry.step_write(at);
+                    self.retry_at = self.write_retry.until;
+                }
+                self.publish((&on_disk).into(), Some(false), Some(error.to_string()));
+            }
             Action::Write { repair } => self.write(goal, on_disk, owner, repair, now, at),
         }
     }
@@ -1090,6 +1111,30 @@ mod tests {
                 decide(&facts(&drifted, Some(GOAL), None), &repairing, &idle, now),
                 Action::Wait { .. }
             ));
+        }
+    }
+
+    #[test]
+    fn a_directory_at_the_path_is_never_written_over_whatever_the_backoffs_say() {
+        let now = Instant::now();
+        let idle = Backoff::default();
+        let mut busy = Backoff::default();
+        busy.step_write(now);
+        let directory = OnDisk::Other(FileKind::Directory);
+        for (last_written, write_failed, backoff) in [
+            (None, None, &idle),
+            (Some(GOAL), None, &idle),
+            (Some(GOAL), Some(GOAL), &busy),
+        ] {
+            assert_eq!(
+                decide(
+                    &facts(&directory, last_written, write_failed),
+                    backoff,
+                    backoff,
+                    now
+                ),
+                Action::CannotReplace
+            );
         }
     }
 

@@ -33,14 +33,24 @@ pub enum WriteError {
     Read { path: PathBuf, error: io::Error },
     #[error("cannot replace {path}: {cause}; the file was left as it was")]
     Replace { path: PathBuf, cause: ReplaceError },
+    /// A directory is at the path. A rename cannot replace a directory with a file, and
+    /// the agent never removes what it did not write: someone has to.
+    #[error(
+        "{path} is a directory, not the bundle file: a rename cannot replace a directory, and the agent never removes one; remove it (rmdir, once you know what put it there) and the agent writes the file at once"
+    )]
+    Directory { path: PathBuf },
 }
 
 impl WriteError {
+    /// The `reason` of a path that holds something the bundle cannot replace.
+    pub const NOT_A_FILE: &'static str = "not_a_file";
+
     /// The `reason` label of `kubelet_ca_sync_errors_total`.
     pub fn reason(&self) -> &'static str {
         let error = match self {
             WriteError::Read { error, .. } => error,
             WriteError::Replace { cause, .. } => &cause.error,
+            WriteError::Directory { .. } => return Self::NOT_A_FILE,
         };
         match error.kind() {
             io::ErrorKind::PermissionDenied => "permission_denied",
@@ -176,6 +186,11 @@ impl BundleWriter {
         if current.bytes() == Some(content) {
             return Ok(Outcome::Unchanged);
         }
+        if *current == OnDisk::Other(FileKind::Directory) {
+            return Err(WriteError::Directory {
+                path: self.path.clone(),
+            });
+        }
         let previous = current.bytes().map(<[u8]>::to_vec);
         let attributes = self.attributes_for_replacement(current, owner);
         atomic::replace(&self.path, content, &attributes).map_err(|cause| WriteError::Replace {
@@ -272,6 +287,29 @@ mod tests {
         }
         let writer = BundleWriter::new(dir.path().join("absent.crt"), 0o644);
         assert!(matches!(writer.read_current(), Ok(OnDisk::Missing)));
+    }
+
+    /// A directory cannot be renamed over: it is refused by name before any temporary file
+    /// is made, under a reason of its own (not the disk's `io_error`), and left in place.
+    #[test]
+    fn a_directory_at_the_path_is_refused_as_such_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet-ca.crt");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("inside"), b"x").unwrap();
+        let writer = BundleWriter::new(path.clone(), 0o644);
+        let current = writer.read_current().unwrap();
+        assert_eq!(current, OnDisk::Other(FileKind::Directory));
+        let error = writer.write(b"bundle", &current, None).unwrap_err();
+        assert_eq!(error.reason(), "not_a_file");
+        let message = error.to_string();
+        assert!(
+            message.contains("is a directory") && message.contains("rmdir"),
+            "{message}"
+        );
+        assert!(path.join("inside").exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "a temporary file was left: {left:?}");
     }
 
     #[test]
