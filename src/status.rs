@@ -32,7 +32,8 @@ pub struct Status {
     /// every source has delivered content once (the adopted file stands meanwhile), or
     /// while a ConfigMap target cannot be seen.
     pub in_sync: Option<bool>,
-    /// Why the file is not in sync, when it is not.
+    /// Why the file is not in sync, when it is not; or why that is not known, when it is
+    /// not (`in_sync` is `None`).
     pub sync_problem: Option<String>,
     pub sources: Vec<SourceStatus>,
     /// Unix seconds of the last pass that ended in sync with every source read.
@@ -73,13 +74,19 @@ impl Status {
             ),
             (
                 "in-sync".to_string(),
+                // Not claimed for a state that cannot be seen: an unknown is said as such.
                 match self.in_sync {
+                    Some(true) => None,
                     Some(false) => Some(
                         self.sync_problem
                             .clone()
                             .unwrap_or_else(|| "the file differs from the sources".into()),
                     ),
-                    _ => None,
+                    None => Some(
+                        self.sync_problem
+                            .clone()
+                            .unwrap_or_else(|| "not known yet".into()),
+                    ),
                 },
             ),
         ];
@@ -133,4 +140,35 @@ pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check<'a>(checks: &'a [(String, Option<String>)], name: &str) -> &'a Option<String> {
+        &checks.iter().find(|(n, _)| n == name).expect(name).1
+    }
+
+    #[test]
+    fn in_sync_is_claimed_only_when_known() {
+        let mut status = Status {
+            file_valid: true,
+            in_sync: Some(true),
+            ..Status::default()
+        };
+        assert_eq!(check(&status.checks(), "in-sync"), &None);
+        status.in_sync = None;
+        assert_eq!(
+            check(&status.checks(), "in-sync").as_deref(),
+            Some("not known yet")
+        );
+        status.sync_problem = Some("not known yet: no source has been read".into());
+        assert_eq!(
+            check(&status.checks(), "in-sync").as_deref(),
+            Some("not known yet: no source has been read")
+        );
+        // The adopted bundle keeps the agent ready meanwhile (SPEC 6).
+        assert!(status.ready());
+    }
 }

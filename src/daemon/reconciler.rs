@@ -852,9 +852,41 @@ impl Reconciler {
         })
     }
 
+    /// Why the file can be said neither in sync nor out of sync: a source has not been
+    /// read yet, so there is no bundle to compare it with.
+    fn sync_unknown(&self, now: i64) -> String {
+        let unread: Vec<&str> = self
+            .slots
+            .iter()
+            .filter(|s| s.source.content.is_none())
+            .map(|s| s.source.name.as_str())
+            .collect();
+        let mut why = if unread.len() == self.slots.len() {
+            format!(
+                "not known yet: no source has been read ({})",
+                unread.join(", ")
+            )
+        } else {
+            format!(
+                "not known yet: {} of {} sources not read yet ({}); a bundle built from the others alone would drop its signers",
+                unread.len(),
+                self.slots.len(),
+                unread.join(", ")
+            )
+        };
+        if self.adopted.as_ref().is_some_and(|a| a.valid_at(now)) {
+            why.push_str("; the bundle found at start stands meanwhile");
+        }
+        why
+    }
+
     /// Publishes the state of the file for health, metrics and systemd.
     fn publish(&mut self, seen: Seen, in_sync: Option<bool>, sync_problem: Option<String>) {
         let now = OffsetDateTime::now_utc().unix_timestamp();
+        let sync_problem = match in_sync {
+            None => sync_problem.or_else(|| Some(self.sync_unknown(now))),
+            Some(_) => sync_problem,
+        };
         let path = &self.file.filepath;
         let (certificates, file_valid, file_problem, bytes) = match seen {
             Seen::Missing => (
