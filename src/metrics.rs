@@ -119,6 +119,134 @@ pub struct RecordLabels {
     pub record: String,
 }
 
+/// Every label value a counter is known to take, in one place. Each series is shown at 0
+/// from the start ([`Metrics::init_file`], [`Metrics::init_source`]): a series that
+/// appears only with its first event shows as "No data" on a dashboard, and `increase()`
+/// misses that first event. The unit tests check the lists against the errors that give
+/// the reasons.
+pub mod known {
+    /// `kubelet_ca_sync_errors_total{reason}` of the node agent's file: a write that failed
+    /// (`WriteError::reason`), a bundle that must not be written (`NoValidCertificate::reason`),
+    /// a mode or owner that could not be put back.
+    pub const FILE_SYNC_ERRORS: &[&str] = &[
+        "permission_denied",
+        "no_space",
+        "read_only",
+        "io_error",
+        "not_a_file",
+        "no_valid_certificate",
+        "no_ca_certificate",
+        "attributes",
+    ];
+    /// `kubelet_ca_sync_errors_total{reason}` of the publisher's ConfigMap.
+    pub const CONFIGMAP_SYNC_ERRORS: &[&str] =
+        &["apply_failed", "no_valid_certificate", "no_ca_certificate"];
+    /// `kubelet_ca_sync_errors_total{reason}` too, where a cluster source is read: no usable
+    /// credentials for the API server.
+    pub const CLUSTER_SYNC_ERRORS: &[&str] = &["credentials"];
+    /// `kubelet_ca_source_errors_total{reason}` of every source: content rejected
+    /// (`Rejection::reason`).
+    pub const CONTENT_ERRORS: &[&str] = &[
+        "too_large",
+        "malformed_pem",
+        "private_key",
+        "not_certificate",
+        "unparsable_certificate",
+        "no_certificate",
+    ];
+    /// ... of a `file:` source: a read that failed.
+    pub const FILE_SOURCE_ERRORS: &[&str] = &["unreadable"];
+    /// ... of a `dir:` source: a read that failed, a member being written.
+    pub const DIR_SOURCE_ERRORS: &[&str] = &["unreadable", "empty_file"];
+    /// ... of a cluster source: the API server's answer or its absence, the credentials.
+    pub const CLUSTER_SOURCE_ERRORS: &[&str] = &[
+        "unreachable",
+        "tls",
+        "no_answer",
+        "watch_silent",
+        "api_error",
+        "unauthorized",
+        "forbidden",
+        "not_found",
+        "expired",
+        "credentials",
+    ];
+    /// ... of a `configmap:` source naming one key: the key is missing.
+    pub const CONFIGMAP_KEY_ERRORS: &[&str] = &["missing_key"];
+    /// ... of a `controllerconfig:` source: the field is missing or not base64.
+    pub const CONTROLLERCONFIG_ERRORS: &[&str] = &["missing_field", "bad_base64"];
+    /// `kubelet_ca_rejected_certificates_total{reason}`.
+    pub const REJECTED_CERTIFICATES: &[&str] = &["not_ca"];
+    /// `kubelet_ca_state_errors_total{record}`.
+    pub const RECORDS: &[&str] = &["history", "retention", "managed_files"];
+}
+
+// Creating a series (`get_or_create`) is all the `init_*` functions do: the guard it
+// returns is dropped at once (`let _`).
+impl Metrics {
+    /// The series of a managed file (`filepath`), at 0: writes, repairs, and sync errors
+    /// for each of `reasons` (from [`known`]).
+    pub fn init_file(&self, filepath: &str, reasons: &[&[&str]]) {
+        let file = FileLabels {
+            filepath: filepath.to_string(),
+        };
+        let _ = self.writes.get_or_create(&file);
+        let _ = self.repairs.get_or_create(&file);
+        for reason in reasons.iter().flat_map(|r| r.iter()) {
+            let _ = self.sync_errors.get_or_create(&FileReasonLabels {
+                filepath: filepath.to_string(),
+                reason: reason.to_string(),
+            });
+        }
+    }
+
+    /// The series of a source, at 0: its errors for every reason its kind can have, the
+    /// certificates it can have left out, and (a cluster source) its watch restarts.
+    pub fn init_source(&self, spec: &crate::source::SourceSpec) {
+        use crate::source::{Keys, SourceSpec};
+        let source = spec.to_string();
+        let kind: &[&[&str]] = match spec {
+            SourceSpec::File(_) => &[known::FILE_SOURCE_ERRORS],
+            SourceSpec::Dir(_) => &[known::DIR_SOURCE_ERRORS],
+            SourceSpec::ConfigMap {
+                keys: Keys::One(_), ..
+            } => &[known::CLUSTER_SOURCE_ERRORS, known::CONFIGMAP_KEY_ERRORS],
+            SourceSpec::ConfigMap { .. } => &[known::CLUSTER_SOURCE_ERRORS],
+            SourceSpec::ControllerConfig { .. } => {
+                &[known::CLUSTER_SOURCE_ERRORS, known::CONTROLLERCONFIG_ERRORS]
+            }
+        };
+        let labels = |reason: &str| SourceReasonLabels {
+            source: source.clone(),
+            reason: reason.to_string(),
+        };
+        for reason in kind
+            .iter()
+            .flat_map(|r| r.iter())
+            .chain(known::CONTENT_ERRORS)
+        {
+            let _ = self.source_errors.get_or_create(&labels(reason));
+        }
+        for reason in known::REJECTED_CERTIFICATES {
+            let _ = self.rejected_certificates.get_or_create(&labels(reason));
+        }
+        if spec.is_cluster() {
+            let _ = self.watch_restarts.get_or_create(&SourceLabels {
+                source: source.clone(),
+            });
+        }
+    }
+
+    /// The series of the records in the state directory, at 0.
+    pub fn init_records(&self) {
+        for record in known::RECORDS {
+            let _ = self.state_errors.get_or_create(&RecordLabels {
+                record: record.to_string(),
+            });
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         // Fine around the targets (2 ms at p50, 10 ms at p99), coarse beyond.
@@ -672,6 +800,106 @@ mod tests {
         let text = exposition.encode(false);
         assert!(!text.contains("# EOF"));
         assert_eq!(text.matches("# TYPE x509_cert_not_after gauge").count(), 1);
+    }
+
+    /// The lists of known reasons hold every reason the errors give.
+    #[test]
+    fn the_known_reasons_are_those_the_errors_give() {
+        use crate::bundle::{CertificateError, Rejection};
+        use crate::writer::{ReplaceError, WriteError};
+        use std::io::ErrorKind;
+        let rejections = [
+            Rejection::TooLarge { size: 2, limit: 1 },
+            Rejection::MalformedPem {
+                block: 1,
+                line: 1,
+                problem: String::new(),
+            },
+            Rejection::PrivateKey {
+                block: 1,
+                line: 1,
+                label: String::new(),
+            },
+            Rejection::NotCertificate {
+                block: 1,
+                line: 1,
+                label: String::new(),
+            },
+            Rejection::UnparsableCertificate {
+                block: 1,
+                line: 1,
+                error: CertificateError::TrailingData(1),
+            },
+            Rejection::NoCertificate,
+        ];
+        for rejection in &rejections {
+            assert!(
+                known::CONTENT_ERRORS.contains(&rejection.reason()),
+                "{rejection:?}"
+            );
+        }
+        let path = std::path::PathBuf::from("/x");
+        for kind in [
+            ErrorKind::PermissionDenied,
+            ErrorKind::StorageFull,
+            ErrorKind::QuotaExceeded,
+            ErrorKind::ReadOnlyFilesystem,
+            ErrorKind::Other,
+        ] {
+            let error = WriteError::Replace {
+                path: path.clone(),
+                cause: ReplaceError {
+                    step: "renaming",
+                    error: kind.into(),
+                },
+            };
+            assert!(
+                known::FILE_SYNC_ERRORS.contains(&error.reason()),
+                "{kind:?}"
+            );
+        }
+        let directory = WriteError::Directory { path };
+        assert!(known::FILE_SYNC_ERRORS.contains(&directory.reason()));
+        for reason in [
+            crate::bundle::NoValidCertificate::REASON,
+            crate::bundle::NoValidCertificate::REASON_NO_CA,
+        ] {
+            assert!(known::FILE_SYNC_ERRORS.contains(&reason));
+            assert!(known::CONFIGMAP_SYNC_ERRORS.contains(&reason));
+        }
+    }
+
+    #[test]
+    fn every_known_series_is_shown_at_zero_from_the_start() {
+        let metrics = Arc::new(Metrics::default());
+        metrics.init_file("/b", &[known::FILE_SYNC_ERRORS]);
+        for spec in ["file:/s.pem", "configmap:ns/name", "controllerconfig:mcc"] {
+            metrics.init_source(&spec.parse().unwrap());
+        }
+        metrics.init_records();
+        let (_, rx) = tokio::sync::watch::channel(Arc::new(Status::default()));
+        let text = registry(metrics, rx, None, None).encode(false);
+        for line in [
+            "kubelet_ca_writes_total{filepath=\"/b\"} 0\n",
+            "kubelet_ca_repairs_total{filepath=\"/b\"} 0\n",
+            "kubelet_ca_sync_errors_total{filepath=\"/b\",reason=\"not_a_file\"} 0\n",
+            "kubelet_ca_source_errors_total{source=\"file:/s.pem\",reason=\"private_key\"} 0\n",
+            "kubelet_ca_source_errors_total{source=\"configmap:ns/name\",reason=\"missing_key\"} 0\n",
+            "kubelet_ca_source_errors_total{source=\"controllerconfig:mcc\",reason=\"bad_base64\"} 0\n",
+            "kubelet_ca_rejected_certificates_total{source=\"file:/s.pem\",reason=\"not_ca\"} 0\n",
+            "kubelet_ca_watch_restarts_total{source=\"configmap:ns/name\"} 0\n",
+            "kubelet_ca_state_errors_total{record=\"history\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        // Only the reasons a kind of source can have.
+        for absent in [
+            "kubelet_ca_watch_restarts_total{source=\"file:/s.pem\"}",
+            "source=\"file:/s.pem\",reason=\"forbidden\"",
+            "source=\"controllerconfig:mcc\",reason=\"missing_key\"",
+        ] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
+        }
     }
 
     #[test]

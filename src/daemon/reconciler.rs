@@ -20,7 +20,7 @@ use crate::cli::CommonArgs;
 use crate::exec::Hooks;
 use crate::files::FsEvent;
 use crate::fsutil::{FileKind, Stat};
-use crate::metrics::{FileLabels, FileReasonLabels, Metrics, RecordLabels};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics, RecordLabels, known};
 use crate::server::Pongs;
 use crate::source::cluster::{SourceEvent, Update};
 use crate::source::local;
@@ -305,6 +305,18 @@ impl Reconciler {
                 loader: local::Loader::default(),
             })
             .collect();
+        // Every counter has its series from the start.
+        let cluster: &[&str] = if common.sources.iter().any(|s| s.is_cluster()) {
+            known::CLUSTER_SYNC_ERRORS
+        } else {
+            &[]
+        };
+        let filepath = common.bundle.display().to_string();
+        metrics.init_file(&filepath, &[known::FILE_SYNC_ERRORS, cluster]);
+        for spec in &common.sources {
+            metrics.init_source(spec);
+        }
+        metrics.init_records();
         let failures = metrics.clone();
         let hooks = common.exec_on_change.clone().map(|command| {
             let failures = metrics.clone();
