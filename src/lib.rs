@@ -12,6 +12,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod fsutil;
+pub mod kubelet_config;
 pub mod logging;
 pub mod metrics;
 pub mod publish;

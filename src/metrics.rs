@@ -591,6 +591,19 @@ impl Collector for StateCollector {
             "The last reconciliation that ended in sync, unix seconds",
             status.last_sync.map(|t| (file(), t)),
         )?;
+        // No series while it is not known (no kubelet config found, none set in it).
+        if status.kind == TargetKind::File {
+            gauge(
+                &mut encoder,
+                "kubelet_ca_kubelet_uses_bundle",
+                "1 when the kubelet's config names the file as its client CA (authentication.x509.clientCAFile), 0 when it names another file",
+                status
+                    .kubelet
+                    .as_ref()
+                    .and_then(|k| k.uses())
+                    .map(|uses| (file(), i64::from(uses))),
+            )?;
+        }
         Ok(())
     }
 }

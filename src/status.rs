@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::bundle::Certificate;
+use crate::kubelet_config::KubeletUse;
 
 /// What the loop keeps correct: the bundle file (`run`), or a key of a ConfigMap
 /// (`publish`). Below, "the file" is whichever it is.
@@ -42,6 +43,10 @@ pub struct Status {
     /// is not watched and why. Changes there are still seen by the once-a-minute
     /// re-verification, so this does not fail readiness.
     pub file_watch: Option<String>,
+    /// Whether the kubelet's config names the file as its client CA (the node agent's
+    /// file only: `None` for a ConfigMap target). The kubelet's choice is not the agent's
+    /// to make, so this does not fail readiness.
+    pub kubelet: Option<KubeletUse>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -92,6 +97,12 @@ impl Status {
         ];
         if self.kind == TargetKind::File {
             checks.push(("file-watch".to_string(), self.file_watch.clone()));
+        }
+        if let Some(kubelet) = &self.kubelet {
+            checks.push((
+                "kubelet-uses-bundle".to_string(),
+                kubelet.problem(&self.bundle_path),
+            ));
         }
         for source in &self.sources {
             checks.push((
@@ -170,5 +181,34 @@ mod tests {
         );
         // The adopted bundle keeps the agent ready meanwhile (SPEC 6).
         assert!(status.ready());
+    }
+
+    #[test]
+    fn the_kubelet_check_is_listed_for_the_node_file_and_never_fails_readiness() {
+        let mut status = Status {
+            bundle_path: "/etc/kubernetes/kubelet-ca.crt".into(),
+            file_valid: true,
+            in_sync: Some(true),
+            ..Status::default()
+        };
+        assert!(
+            status
+                .checks()
+                .iter()
+                .all(|(n, _)| n != "kubelet-uses-bundle")
+        );
+        status.kubelet = Some(KubeletUse::Other {
+            config: "/var/lib/kubelet/config.yaml".into(),
+            client_ca_file: "/etc/kubernetes/pki/ca.crt".into(),
+        });
+        let problem = check(&status.checks(), "kubelet-uses-bundle")
+            .clone()
+            .unwrap();
+        assert!(problem.contains("/etc/kubernetes/pki/ca.crt"), "{problem}");
+        assert!(status.ready());
+        status.kubelet = Some(KubeletUse::Uses {
+            config: "/var/lib/kubelet/config.yaml".into(),
+        });
+        assert_eq!(check(&status.checks(), "kubelet-uses-bundle"), &None);
     }
 }

@@ -109,7 +109,21 @@ fn every_alert_and_dashboard_query_evaluates_against_a_scraped_agent() {
     );
     put(&signers.join("a.crt"), old.pem());
     let source = format!("dir:{}", signers.display());
-    let agent = Agent::start(&node, &[&source], &["--node-name", "node-a"]);
+    // The kubelet's config, as kubeadm writes it once it is pointed at the bundle: the
+    // series of KubeletCABundleNotUsedByKubelet is there (it is absent while the agent
+    // cannot tell).
+    let kubelet_config = node.root().join("kubelet-config.yaml");
+    fs::write(
+        &kubelet_config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+            node.bundle().display()
+        ),
+    )
+    .unwrap();
+    let agent = Agent::start_with(&node, &[&source], &["--node-name", "node-a"], |cmd| {
+        cmd.env("KUBELET_CA_AGENT_KUBELET_CONFIG", &kubelet_config);
+    });
     wait_until(10 * SECOND, || node.holds(old.pem()));
 
     let rules = node.root().join("rules.yaml");

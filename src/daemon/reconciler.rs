@@ -20,6 +20,7 @@ use crate::cli::CommonArgs;
 use crate::exec::Hooks;
 use crate::files::FsEvent;
 use crate::fsutil::{FileKind, Stat};
+use crate::kubelet_config;
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, RecordLabels, known};
 use crate::server::Pongs;
 use crate::source::cluster::{SourceEvent, Update};
@@ -267,6 +268,8 @@ pub struct Reconciler {
     build_problem: Option<String>,
     /// What inotify does not watch, as the watcher last reported.
     file_watch: Option<String>,
+    /// Whether the kubelet's config names the file, read off the loop.
+    kubelet: kubelet_config::Reader,
     metrics: Arc<Metrics>,
     file: FileLabels,
     status: watch::Sender<Arc<Status>>,
@@ -358,10 +361,9 @@ impl Reconciler {
             verify_at: Instant::now() + VERIFY_EVERY,
             build_problem: None,
             file_watch: Some("not started yet".to_string()),
+            kubelet: kubelet_config::Reader::new(kubelet_config::paths(), common.bundle.clone()),
             metrics,
-            file: FileLabels {
-                filepath: common.bundle.display().to_string(),
-            },
+            file: FileLabels { filepath },
             status,
             notifier: Notifier::default(),
             last_sync: None,
@@ -394,6 +396,7 @@ impl Reconciler {
             }
         }
         let now = Instant::now();
+        self.kubelet.request(now);
         for index in 0..self.slots.len() {
             if !self.slots[index].source.spec.is_cluster() {
                 self.read_local(index, now);
@@ -407,6 +410,7 @@ impl Reconciler {
         let watchdog_every = Notifier::watchdog_interval();
         let mut next_watchdog = watchdog_every.map(|every| Instant::now() + every);
         let mut updates_open = true;
+        let mut kubelet_reads = self.kubelet.take_results();
         loop {
             let boundary_at = Instant::now() + self.next_boundary();
             let deadline = [
@@ -430,6 +434,7 @@ impl Reconciler {
                     None => updates_open = false,
                 },
                 Some(event) = inputs.files.recv() => work |= self.on_file_event(event),
+                Some(seen) = kubelet_reads.recv() => work |= self.kubelet.found(seen),
                 Some(()) = inputs.pongs.pings.recv() => { inputs.pongs.answer(); continue; }
                 _ = sleep_until(deadline.into()) => {}
                 _ = inputs.sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
@@ -444,33 +449,7 @@ impl Reconciler {
                 work |= self.on_file_event(event);
             }
             let now = Instant::now();
-            if self.verify_at <= now {
-                // The safety net: whatever inotify said, look at every local source and
-                // (in the pass below) at the file.
-                self.verify_at = now + VERIFY_EVERY;
-                for slot in self
-                    .slots
-                    .iter_mut()
-                    .filter(|s| !s.source.spec.is_cluster())
-                {
-                    slot.read_at = Some(now);
-                }
-                work = true;
-            }
-            for index in 0..self.slots.len() {
-                if self.slots[index].read_at.is_some_and(|t| t <= now) {
-                    self.slots[index].read_at = None;
-                    self.slots[index].writing_since = None;
-                    self.read_local(index, now);
-                    work = true;
-                }
-            }
-            for due in [&mut self.recheck_at, &mut self.retry_at] {
-                if due.is_some_and(|t| t <= now) {
-                    *due = None;
-                    work = true;
-                }
-            }
+            work |= self.take_due(now);
             // A certificate boundary is a pass: readiness and the file follow validity.
             work |= now >= boundary_at;
             if work {
@@ -483,8 +462,45 @@ impl Reconciler {
                 next_watchdog = Some(Instant::now() + every);
             }
         }
+        self.kubelet.give_back(kubelet_reads);
         self.notifier.stopping();
         Ok(())
+    }
+
+    /// Does what is due at `now`: the re-verification, the reads of local sources, a recheck
+    /// of the file, a retry. True when a pass is called for.
+    fn take_due(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        if self.verify_at <= now {
+            // The safety net: whatever inotify said, look at every local source and (in the
+            // pass that follows) at the file. The kubelet's config is read again too, off
+            // the loop: what it finds comes back as an input of its own.
+            self.verify_at = now + VERIFY_EVERY;
+            self.kubelet.request(now);
+            for slot in self
+                .slots
+                .iter_mut()
+                .filter(|s| !s.source.spec.is_cluster())
+            {
+                slot.read_at = Some(now);
+            }
+            work = true;
+        }
+        for index in 0..self.slots.len() {
+            if self.slots[index].read_at.is_some_and(|t| t <= now) {
+                self.slots[index].read_at = None;
+                self.slots[index].writing_since = None;
+                self.read_local(index, now);
+                work = true;
+            }
+        }
+        for due in [&mut self.recheck_at, &mut self.retry_at] {
+            if due.is_some_and(|t| t <= now) {
+                *due = None;
+                work = true;
+            }
+        }
+        work
     }
 
     /// Takes a change on disk into account; true when it calls for a pass now.
@@ -949,6 +965,7 @@ impl Reconciler {
             sources: self.slots.iter().map(|s| s.source.status()).collect(),
             last_sync: self.last_sync,
             file_watch: self.file_watch.clone(),
+            kubelet: Some(self.kubelet.seen().clone()),
         };
         self.notifier.status(&status.summary());
         self.notifier.ready(status.ready());
@@ -1299,6 +1316,48 @@ mod loop_tests {
             reconciler.slots[0].read_at, None,
             "rejected content is retried"
         );
+    }
+
+    /// The kubelet's config is read off the loop at start and again at each
+    /// re-verification, and health follows what it says.
+    #[test]
+    fn the_kubelet_config_is_read_again_at_each_re_verification() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let pem = test_certs::ca(Some("signer"), None, now - 60, now + 86400)
+            .pem()
+            .to_vec();
+        let (mut reconciler, status_rx) = reconciler_for(dir.path(), Some(&pem));
+        let config = dir.path().join("config.yaml");
+        let names = |file: &str| {
+            let yaml = format!(
+                "kind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: {file}\n"
+            );
+            std::fs::write(&config, yaml).unwrap();
+        };
+        names("/etc/kubernetes/pki/ca.crt");
+        reconciler.kubelet =
+            kubelet_config::Reader::new(vec![config.clone()], dir.path().join("kubelet-ca.crt"));
+        let mut reads = reconciler.kubelet.take_results();
+        let uses =
+            |rx: &watch::Receiver<Arc<Status>>| rx.borrow().kubelet.as_ref().and_then(|k| k.uses());
+        reconciler.start();
+        assert_eq!(uses(&status_rx), None, "judged before it was read");
+        assert!(reconciler.kubelet.found(reads.blocking_recv().unwrap()));
+        reconciler.reconcile();
+        assert_eq!(uses(&status_rx), Some(false));
+
+        names("kubelet-ca.crt");
+        // Not read again before the re-verification is due...
+        assert!(!reconciler.take_due(Instant::now()));
+        assert!(reads.try_recv().is_err());
+        // ...and read again when it is.
+        let due = reconciler.verify_at;
+        assert!(reconciler.take_due(due));
+        assert!(reconciler.kubelet.found(reads.blocking_recv().unwrap()));
+        reconciler.reconcile();
+        assert_eq!(uses(&status_rx), Some(true));
+        assert_eq!(reconciler.verify_at, due + VERIFY_EVERY);
     }
 
     /// A burst of file events costs one pass, and a pass one of them calls for is not lost

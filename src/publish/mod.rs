@@ -725,6 +725,7 @@ impl Publisher {
             sources: self.slots.iter().map(SourceState::status).collect(),
             last_sync: self.last_sync,
             file_watch: None,
+            kubelet: None,
         };
         self.status.send_replace(Arc::new(status));
     }
