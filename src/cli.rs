@@ -176,6 +176,12 @@ pub struct RunArgs {
     pub common: CommonArgs,
     #[command(flatten)]
     pub server: ServerArgs,
+    /// The kubelet's config file (KubeletConfiguration, YAML or JSON), read at start and
+    /// once a minute to tell whether its authentication.x509.clientCAFile is the bundle
+    /// (the kubelet-uses-bundle check). Default: /var/lib/kubelet/config.yaml, else
+    /// /etc/kubernetes/kubelet.conf.
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBELET_CONFIG")]
+    pub kubelet_config: Option<PathBuf>,
 }
 
 /// The HTTP endpoint for metrics and health (`run`, and later `publish`).

@@ -4,7 +4,7 @@
 //! until it is changed), every metric of the agent is green while the kubelet ignores the
 //! file. So the agent reads the kubelet's config too, from where kubeadm
 //! (`/var/lib/kubelet/config.yaml`) and OpenShift (`/etc/kubernetes/kubelet.conf`) write
-//! it, or from the path in `KUBELET_CA_AGENT_KUBELET_CONFIG`, and says what it found.
+//! it, or from the path `--kubelet-config` names, and says what it found.
 //!
 //! What the config says is judged by pure functions ([`client_ca_file`], [`judge`]); the
 //! reading runs on a thread of its own ([`Reader`]), so that a kubelet config on a hung
@@ -21,9 +21,6 @@ use tokio::sync::mpsc;
 
 use crate::fsutil::{Links, open_regular, read_bounded};
 
-/// The variable that names the kubelet's config, in place of the usual paths.
-pub const ENV: &str = "KUBELET_CA_AGENT_KUBELET_CONFIG";
-
 /// Where the kubelet's config usually is, in the order they are tried: kubeadm's, then
 /// OpenShift's. (On a kubeadm node `/etc/kubernetes/kubelet.conf` is the kubelet's
 /// kubeconfig, not its config: a file of another kind is passed over.)
@@ -34,12 +31,6 @@ pub const DEFAULT_PATHS: [&str; 2] = [
 
 /// A kubelet config is a few kilobytes; more is not one.
 const MAX_BYTES: usize = 1024 * 1024;
-
-/// The paths to look at: the one `KUBELET_CA_AGENT_KUBELET_CONFIG` names, else the usual
-/// ones.
-pub fn paths() -> Vec<PathBuf> {
-    paths_for(std::env::var_os(ENV).map(PathBuf::from).as_deref())
-}
 
 /// The paths to look at: `configured` (a flag's value), else the usual ones. An empty
 /// path counts as none.
@@ -284,7 +275,7 @@ pub fn observe(paths: &[PathBuf], bundle: &Path) -> KubeletUse {
     let hint = if paths.len() == 1 {
         String::new()
     } else {
-        format!(" (set {ENV} to the path of the kubelet's --config)")
+        " (pass --kubelet-config with the path of the kubelet's --config)".to_string()
     };
     KubeletUse::Unknown(format!(
         "no kubelet config found: {}{hint}",
@@ -531,7 +522,7 @@ mod tests {
             why.contains("no file at /")
                 && why.contains("config.yaml;")
                 && why.contains("kubelet.conf is a Config, not a KubeletConfiguration")
-                && why.contains(ENV),
+                && why.contains("--kubelet-config"),
             "{why}"
         );
         fs::write(

@@ -163,9 +163,14 @@ fn first_boot_without_a_kubeconfig_keeps_the_file_ready_and_converges_once_it_is
 
     let mut agent = start(&node, &kubeconfig);
     // Up, ready on the adopted file, and saying why the source is down.
+    // The credentials line and the source's line come from two places (the follower, the
+    // loop's last pass): wait for both.
+    let source_down = format!("[-]source:{SPEC} failed: source {SPEC}: no usable credentials");
     assert!(
-        eventually(5 * SECOND, || verbose(&agent)
-            .contains("[-]credentials failed")),
+        eventually(5 * SECOND, || {
+            let page = verbose(&agent);
+            page.contains("[-]credentials failed") && page.contains(&source_down)
+        }),
         "{}",
         verbose(&agent)
     );

@@ -102,7 +102,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
 
     let sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let mut reconciler = Reconciler::new(&args.common, metrics, status_tx);
+    let mut reconciler = Reconciler::new(&args.common, metrics, status_tx)
+        .with_kubelet_config(args.kubelet_config.as_deref(), &args.common.bundle);
     // Adopt what is on disk and read the local sources before any API call: a valid file
     // makes the agent ready at once, whether or not the cluster answers.
     reconciler.start();

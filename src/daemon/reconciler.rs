@@ -361,7 +361,10 @@ impl Reconciler {
             verify_at: Instant::now() + VERIFY_EVERY,
             build_problem: None,
             file_watch: Some("not started yet".to_string()),
-            kubelet: kubelet_config::Reader::new(kubelet_config::paths(), common.bundle.clone()),
+            kubelet: kubelet_config::Reader::new(
+                kubelet_config::paths_for(None),
+                common.bundle.clone(),
+            ),
             metrics,
             file: FileLabels { filepath },
             status,
@@ -403,6 +406,18 @@ impl Reconciler {
             }
         }
         self.reconcile();
+    }
+
+    /// Reads the kubelet's config from `path` (`--kubelet-config`) rather than the usual
+    /// places.
+    pub fn with_kubelet_config(
+        mut self,
+        path: Option<&std::path::Path>,
+        bundle: &std::path::Path,
+    ) -> Self {
+        self.kubelet =
+            kubelet_config::Reader::new(kubelet_config::paths_for(path), bundle.to_path_buf());
+        self
     }
 
     /// The loop. Returns on SIGTERM or SIGINT, after the pass in progress.
