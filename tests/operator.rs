@@ -125,3 +125,43 @@ fn a_port_in_use_is_a_runtime_failure_not_a_usage_error() {
         stderr(&out)
     );
 }
+
+#[test]
+fn an_unreachable_api_server_is_named_with_its_cause_once_per_change() {
+    use common::apiserver::ApiServer;
+    use common::daemon::{Agent, eventually};
+    use std::time::Duration;
+    let api = ApiServer::start();
+    let server = api.url();
+    api.stop();
+    let node = Node::new();
+    std::fs::create_dir_all(node.bundle_dir()).unwrap();
+    std::fs::write(node.bundle(), common::pki::bundle_of(1, "adopted")).unwrap();
+    let spec = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+    let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
+    let agent = Agent::start(&node, &[spec], &["--kubeconfig", &kubeconfig]);
+    agent.wait_listening();
+    let expected = format!("{server}: connection refused");
+    let page = || {
+        agent
+            .get("/readyz?verbose")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || page().contains(&expected)),
+        "{}",
+        page()
+    );
+    // Retries go on with backoff (0.8 s doubling); the cause is logged once, and kube-rs's
+    // context-free "client error (Connect)" line never.
+    std::thread::sleep(Duration::from_secs(4));
+    let log = agent.log();
+    assert_eq!(log.matches(&expected).count(), 1, "{log}");
+    assert!(!log.contains("client error (Connect)"), "{log}");
+    assert!(!log.contains(" ERROR "), "{log}");
+
+    let out = node.sync(&[spec], &["--kubeconfig", &kubeconfig, "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&expected), "{}", stderr(&out));
+}

@@ -240,6 +240,17 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
         "publishing"
     );
     let metrics = Arc::new(Metrics::default());
+    // Every counter has its series at 0 from the start, as the node agent's do.
+    metrics.init_file(
+        &label,
+        &[
+            crate::metrics::known::CONFIGMAP_SYNC_ERRORS,
+            crate::metrics::known::CLUSTER_SYNC_ERRORS,
+        ],
+    );
+    for spec in &args.sources {
+        metrics.init_source(spec);
+    }
     let (status_tx, status_rx) = watch::channel(Arc::new(Status {
         kind: TargetKind::ConfigMap,
         bundle_path: label.clone(),
@@ -514,14 +525,14 @@ impl Publisher {
                 let problem = e.to_string();
                 if self.build_problem.as_ref() != Some(&problem) {
                     tracing::error!(
-                        reason = bundle::NoValidCertificate::REASON,
+                        reason = e.reason(),
                         "{problem}; the ConfigMap keeps the last bundle published"
                     );
                     self.metrics
                         .sync_errors
                         .get_or_create(&FileReasonLabels {
                             filepath: self.label.clone(),
-                            reason: bundle::NoValidCertificate::REASON.to_string(),
+                            reason: e.reason().to_string(),
                         })
                         .inc();
                     self.build_problem = Some(problem);
