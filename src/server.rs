@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod endpoint;
+pub mod render;
 pub mod repeated;
 pub mod review;
 pub mod tls;
@@ -104,13 +105,12 @@ impl Liveness {
 #[derive(Clone)]
 struct App {
     status: StatusRx,
-    exposition: Arc<metrics::Exposition>,
+    /// `/metrics`, rendered off the endpoint's threads and shared between waiting scrapes.
+    renders: Arc<render::Renders>,
     liveness: Liveness,
     guard: Arc<Guard>,
     /// The agent's credentials for the API server, when it talks to it.
     credentials: Option<Credentials>,
-    /// One `/metrics` render at a time.
-    rendering: Arc<tokio::sync::Semaphore>,
 }
 
 /// What a connection brought with it: the client's certificate chain, if any, and whether
@@ -200,11 +200,10 @@ pub fn router(
 ) -> Router {
     let app = App {
         status,
-        exposition: Arc::new(exposition),
+        renders: render::Renders::new(Arc::new(move |openmetrics| exposition.encode(openmetrics))),
         liveness,
         guard,
         credentials,
-        rendering: Arc::new(tokio::sync::Semaphore::new(1)),
     };
     Router::new()
         .route("/livez", get(live))
@@ -813,16 +812,9 @@ async fn metrics_handler(
     } else {
         metrics::PROMETHEUS_CONTENT_TYPE
     };
-    // Rendering is CPU (the process's own figures read /proc on every scrape): it runs off
-    // the endpoint's threads, one render at a time, so that probes, and the loop, never
-    // wait behind a flood of scrapes; further scrapes wait for their turn.
-    let Ok(_turn) = app.rendering.clone().acquire_owned().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
-    };
-    let exposition = app.exposition.clone();
-    match tokio::task::spawn_blocking(move || exposition.encode(wants_openmetrics)).await {
-        Ok(body) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),
-        Err(_) => (
+    match app.renders.get(wants_openmetrics).await {
+        Some(body) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),
+        None => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "the metrics could not be rendered\n",
         )
