@@ -44,6 +44,9 @@
 //!   (emitted after the directory fsync: the file is durable). Beside it, in the same run,
 //!   the bare write + fsync + rename + fsync of the same bytes on the same filesystem.
 //!
+//! `cargo bench --bench endpoint -- attacks` runs only the attacks (also `scrapes`,
+//! `rotations`; several may be named).
+//!
 //! Under `cargo test --benches` it runs a short version of each as a smoke test (the attacks
 //! 0.3 s each, with 4 flooding threads, 30 unread connections and 8 token threads); no
 //! target is judged then.
@@ -139,11 +142,23 @@ fn main() {
     let pool = KeyPool::new(if full { 32 } else { 4 });
     let mut table = Table::new("endpoint: /metrics over mTLS, and mv rotations", !full);
     let pki = Pki::new();
-    let baseline = scrapes_over_tls(&run, &pool, &pki, 10, &mut table);
-    scrapes_over_tls(&run, &pool, &pki, run.large, &mut table);
-    scrapes_beside_idle_connections(&run, &pool, &pki, baseline, &mut table);
-    figures_under_attack(&run, &pool, &pki, &mut table);
-    mv_rotations(&run, &pool, &mut table);
+    // `cargo bench --bench endpoint -- attacks` (or scrapes, rotations): those parts only.
+    let parts: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let part = |name: &str| parts.is_empty() || parts.iter().any(|p| p == name);
+    if part("scrapes") {
+        let baseline = scrapes_over_tls(&run, &pool, &pki, 10, &mut table);
+        scrapes_over_tls(&run, &pool, &pki, run.large, &mut table);
+        scrapes_beside_idle_connections(&run, &pool, &pki, baseline, &mut table);
+    }
+    if part("attacks") {
+        figures_under_attack(&run, &pool, &pki, &mut table);
+    }
+    if part("rotations") {
+        mv_rotations(&run, &pool, &mut table);
+    }
     table.print();
 }
 
