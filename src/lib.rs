@@ -16,6 +16,8 @@ pub mod kubelet_config;
 pub mod logging;
 pub mod metrics;
 pub mod publish;
+pub mod running;
+pub mod runtime;
 pub mod server;
 pub mod source;
 pub mod state;

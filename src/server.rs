@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod endpoint;
+pub mod identity;
 pub mod render;
 pub mod repeated;
 pub mod review;

@@ -7,9 +7,7 @@
 //! stalls a read (a hung mount) cannot stop `/livez` from answering, and answering the
 //! truth: that the loop does not answer.
 
-pub mod allocator;
 pub mod reconciler;
-pub mod running;
 
 use std::sync::Arc;
 
@@ -22,6 +20,7 @@ use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
 use crate::files;
 use crate::metrics::Metrics;
+use crate::running;
 use crate::server;
 use crate::server::endpoint::Endpoint;
 use crate::source::cluster;
@@ -35,20 +34,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     // Held until the agent exits: a hand-run `sync` sees it and refuses to write a file
     // this agent would put back.
     let _claim = running::claim(&args.common.state_dir, &args.common.bundle)?;
-    runtime()?.block_on(run_async(args))
-}
-
-/// The runtime of a long-running command (`run`, `publish`): two worker threads for the
-/// endpoint, the watches and the signals, with one crypto provider for the whole process
-/// (ring, the one kube-rs is built with).
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("kubelet-ca-agent-io")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    crate::runtime::build()?.block_on(run_async(args))
 }
 
 async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {

@@ -600,7 +600,9 @@ impl Reconciler {
     /// freed back to the system.
     fn reconcile(&mut self) {
         self.pass();
-        super::allocator::after_pass(self.desired.as_ref().map_or(0, |d| d.rendered.len()));
+        crate::runtime::allocator::after_pass(
+            self.desired.as_ref().map_or(0, |d| d.rendered.len()),
+        );
     }
 
     /// Builds the bundle from the last good content of every source and makes the file

@@ -47,7 +47,7 @@ pub fn run(args: PublishArgs) -> anyhow::Result<Exit> {
         server::endpoint::check_listen(&args.server)?;
     }
     let origin = Origin::resolve(args.kubeconfig.as_deref()).map_err(UsageError)?;
-    crate::daemon::runtime()?.block_on(async {
+    crate::runtime::build()?.block_on(async {
         if args.once {
             let (client, server) = crate::commands::one_shot_client(&origin)?;
             once(&args, client, &server).await
@@ -572,7 +572,9 @@ impl Publisher {
             step => self.start_apply(step == Step::Repair),
         }
         self.publish_status();
-        crate::daemon::allocator::after_pass(self.desired.as_ref().map_or(0, |d| d.rendered.len()));
+        crate::runtime::allocator::after_pass(
+            self.desired.as_ref().map_or(0, |d| d.rendered.len()),
+        );
     }
 
     fn start_apply(&mut self, repair: bool) {

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::auth::Identity;
+use super::identity::Identity;
 use crate::credentials::Credentials;
 use crate::text::escape;
 

@@ -23,7 +23,7 @@ use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
 };
 
-use super::auth::Identity;
+use super::identity::Identity;
 use crate::cli::TlsVersion;
 
 /// Where the endpoint's TLS material comes from.
