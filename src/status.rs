@@ -47,6 +47,9 @@ pub struct Status {
     /// file only: `None` for a ConfigMap target). The kubelet's choice is not the agent's
     /// to make, so this does not fail readiness.
     pub kubelet: Option<KubeletUse>,
+    /// The other files the node agent keeps (`--manage`), each as a status of its own
+    /// (without `file_watch` and `kubelet`, which are the loop's, said above).
+    pub others: Vec<Status>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -63,6 +66,12 @@ impl Status {
     /// Ready: the file on disk is valid and not known to be out of sync. An unreachable
     /// source does not make the agent unready while the file is valid (SPEC 6).
     pub fn ready(&self) -> bool {
+        self.bundle_ready() && self.others.iter().all(Status::bundle_ready)
+    }
+
+    /// Ready as far as this file alone goes: what systemd's `READY=1` waits for, so that
+    /// another managed file never holds the kubelet back.
+    pub fn bundle_ready(&self) -> bool {
         self.file_valid && self.in_sync != Some(false)
     }
 

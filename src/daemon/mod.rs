@@ -7,6 +7,7 @@
 //! stalls a read (a hung mount) cannot stop `/livez` from answering, and answering the
 //! truth: that the loop does not answer.
 
+mod managed;
 pub mod reconciler;
 
 use std::sync::Arc;

@@ -1,35 +1,33 @@
 //! The reconciliation loop: the one owner of the agent's state. Each input (a source
-//! update, a change on disk, a timer, a signal) updates that state, and each pass then
-//! brings the file in line with the sources, publishing the outcome for health, metrics
-//! and systemd.
+//! update, a change on disk, a timer, a signal) updates the state of the managed file it
+//! concerns ([`super::managed`]), and a pass then brings each file that called for one in
+//! line with its sources; the outcome is published for health, metrics and systemd.
 //!
-//! What a pass does to the file is decided by [`decide`], a pure function of what the loop
+//! What a pass does to a file is decided by [`decide`], a pure function of what the loop
 //! knows and what is on disk, so that every policy (repair, back off, retry) is tested
 //! without a process, a clock or a disk.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use time::OffsetDateTime;
 use tokio::signal::unix::Signal;
 use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
-use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
+use super::managed::Managed;
+use crate::bundle::Fingerprint;
 use crate::cli::CommonArgs;
 use crate::exec::Hooks;
 use crate::files::FsEvent;
-use crate::fsutil::{FileKind, Stat};
+use crate::fsutil::FileKind;
 use crate::kubelet_config;
-use crate::metrics::{FileLabels, FileReasonLabels, Metrics, RecordLabels, known};
+use crate::metrics::{Metrics, RecordLabels};
 use crate::server::Pongs;
-use crate::source::cluster::{SourceEvent, Update};
-use crate::source::local;
-use crate::source::state::SourceState;
-use crate::status::{Status, TargetKind, unix_now};
+use crate::source::cluster::Update;
+use crate::status::Status;
 use crate::systemd::Notifier;
 use crate::target::Target;
-use crate::writer::{OnDisk, WriteError};
+use crate::writer::OnDisk;
 
 /// A local source being written in place (changed, not yet closed) is read once the writer
 /// closes it; a writer that keeps it open is read after this long without a change, and
@@ -37,7 +35,7 @@ use crate::writer::{OnDisk, WriteError};
 const WRITE_QUIET: Duration = Duration::from_secs(1);
 const WRITE_QUIET_MAX: Duration = Duration::from_secs(5);
 /// The managed file: a writer's create+write+close arrive as one change.
-const BUNDLE_SETTLE: Duration = Duration::from_millis(5);
+pub(super) const BUNDLE_SETTLE: Duration = Duration::from_millis(5);
 /// The managed file and every local source are looked at again this often, whatever
 /// inotify says (the kubelet's own CA reloader does the same): a missed event costs at
 /// most this much drift.
@@ -55,10 +53,7 @@ const REPAIR_STREAK_RESET: Duration = Duration::from_secs(600);
 const WRITE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const WRITE_RETRY_MAX: Duration = Duration::from_secs(300);
 /// Certificate boundaries are re-checked at least this often, in case the clock jumps.
-const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
-
-/// A bundle and its retention memory, as last handed to the records.
-type RecordedState = (Fingerprint, Vec<(Fingerprint, Option<i64>)>);
+pub(super) const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
 
 /// The channels the loop reads.
 pub struct Inputs {
@@ -72,37 +67,18 @@ pub struct Inputs {
     pub sigint: Signal,
 }
 
-/// What the loop knows about one source.
-struct Slot {
-    source: SourceState,
-    /// For a local source: read again at this instant.
-    read_at: Option<Instant>,
-    /// The first in-place change that `read_at` waits to see finished.
-    writing_since: Option<Instant>,
-    /// Retries of a local source that could not be read.
-    read_retry: Backoff,
-    /// For a local source: reads it, and parses only bytes it has not parsed already.
-    loader: local::Loader,
-}
-
-/// The bundle built from the sources, ready to compare with the file.
-struct Desired {
-    built: Built,
-    rendered: Arc<[u8]>,
-}
-
 /// A delay that doubles on every use in a row, up to a cap.
 #[derive(Debug, Default, Clone)]
-struct Backoff {
+pub(super) struct Backoff {
     /// Not before this instant.
-    until: Option<Instant>,
+    pub(super) until: Option<Instant>,
     /// How many times in a row it was applied.
     streak: u32,
     last: Option<Instant>,
 }
 
 impl Backoff {
-    fn blocked(&self, now: Instant) -> Option<Instant> {
+    pub(super) fn blocked(&self, now: Instant) -> Option<Instant> {
         self.until.filter(|&t| now < t)
     }
 
@@ -117,45 +93,45 @@ impl Backoff {
         self.until = Some(now + delay);
     }
 
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         *self = Backoff::default();
     }
 
     /// A failed write, an unreadable bundle path, or a mode or owner that could not be put
     /// back: 1 s doubling to 5 minutes, starting over after 10 quiet minutes.
-    fn step_write(&mut self, at: Instant) {
+    pub(super) fn step_write(&mut self, at: Instant) {
         self.step(at, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, WRITE_RETRY_MAX * 2);
     }
 
     /// A local source that could not be read: 1 s doubling to a minute, starting over after
     /// two quiet minutes.
-    fn step_read(&mut self, at: Instant) {
+    pub(super) fn step_read(&mut self, at: Instant) {
         self.step(at, READ_RETRY_FIRST, READ_RETRY_MAX, READ_RETRY_MAX * 2);
     }
 
     /// A repair: 250 ms doubling to 5 minutes, starting over after 10 quiet minutes.
-    fn step_repair(&mut self, at: Instant) {
+    pub(super) fn step_repair(&mut self, at: Instant) {
         self.step(at, REPAIR_FIRST, REPAIR_BACKOFF_MAX, REPAIR_STREAK_RESET);
     }
 }
 
 /// What a pass knows when it decides what to do with the file.
-struct Facts<'a> {
+pub(super) struct Facts<'a> {
     /// The bytes the file should hold.
-    goal: &'a [u8],
-    on_disk: &'a OnDisk,
+    pub(super) goal: &'a [u8],
+    pub(super) on_disk: &'a OnDisk,
     /// `--file-mode`, and the owner the file should have (only when running as root).
-    mode: u32,
-    owner: Option<(u32, u32)>,
+    pub(super) mode: u32,
+    pub(super) owner: Option<(u32, u32)>,
     /// The bundle this agent last wrote or adopted.
-    last_written: Option<Fingerprint>,
+    pub(super) last_written: Option<Fingerprint>,
     /// The bundle whose last write failed.
-    write_failed: Option<Fingerprint>,
+    pub(super) write_failed: Option<Fingerprint>,
 }
 
 /// What a pass does with the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Action {
+pub(super) enum Action {
     /// The file holds the goal, with the right mode and owner.
     InSync,
     /// The content is right but something else changed the mode or owner: put them back.
@@ -174,12 +150,17 @@ enum Action {
 }
 
 /// Why a pass waits while a failed write's retry is due later.
-const WRITE_RETRY_WAIT: &str = "the last write failed; retrying with backoff";
+pub(super) const WRITE_RETRY_WAIT: &str = "the last write failed; retrying with backoff";
 
 /// The policy of a pass: repair drift at once but back off from a writer that keeps
 /// fighting, retry a failed write with backoff (a new bundle at once), and never touch a
 /// file that already holds the goal as it should.
-fn decide(facts: &Facts, repair: &Backoff, write_retry: &Backoff, now: Instant) -> Action {
+pub(super) fn decide(
+    facts: &Facts,
+    repair: &Backoff,
+    write_retry: &Backoff,
+    now: Instant,
+) -> Action {
     let content_ok = facts.on_disk.bytes() == Some(facts.goal);
     let attributes_ok = facts
         .on_disk
@@ -214,7 +195,7 @@ fn decide(facts: &Facts, repair: &Backoff, write_retry: &Backoff, now: Instant) 
 }
 
 /// The file as a pass saw it, for status.
-enum Seen<'a> {
+pub(super) enum Seen<'a> {
     Regular(&'a [u8]),
     Missing,
     Other(FileKind),
@@ -231,64 +212,19 @@ impl<'a> From<&'a OnDisk> for Seen<'a> {
     }
 }
 
+/// The loop's state: the managed files, and what is the loop's own (the re-verification,
+/// the watcher's health, the kubelet's view of the bundle, what systemd is told).
 pub struct Reconciler {
-    target: Target,
-    slots: Vec<Slot>,
-    policy: Policy,
-    hooks: Option<Hooks>,
-    memory: Vec<Remembered>,
-    desired: Option<Desired>,
-    /// SHA-256 of the bundle this agent last wrote or found in place and in sync.
-    last_written: Option<Fingerprint>,
-    /// The valid bundle found on disk at start: it stands, and drift from it is repaired,
-    /// until every source has been read once.
-    adopted: Option<Adopted>,
-    /// Running as root: the file's owner is kept, and put back when something changes it.
-    is_root: bool,
-    /// The owner the file should have: the adopted file's, or the one last written.
-    owner: Option<(u32, u32)>,
-    /// The bundle whose last write failed: only its retries wait for the backoff.
-    write_failed: Option<Fingerprint>,
-    /// Why that write failed, for health while the retry waits.
-    write_error: Option<String>,
-    /// What was last handed to the records (bundle, retention memory), so that an
-    /// unchanged state is not recorded again.
-    recorded: Option<RecordedState>,
-    /// When the oldest source change not yet on disk arrived.
-    pending_since: Option<Instant>,
-    /// The file was reported changed: look at it at this instant.
-    recheck_at: Option<Instant>,
-    repair: Backoff,
-    write_retry: Backoff,
-    /// A pass was put off by a backoff: run one at this instant.
-    retry_at: Option<Instant>,
-    /// The next re-verification of the file and the local sources.
+    /// `--bundle` first, then each `--manage` file.
+    files: Vec<Managed>,
+    /// The next re-verification of the files and the local sources.
     verify_at: Instant,
-    /// The last build failure, so that it is logged and counted once.
-    build_problem: Option<String>,
     /// What inotify does not watch, as the watcher last reported.
     file_watch: Option<String>,
-    /// Whether the kubelet's config names the file, read off the loop.
+    /// Whether the kubelet's config names the bundle, read off the loop.
     kubelet: kubelet_config::Reader,
-    metrics: Arc<Metrics>,
-    file: FileLabels,
     status: watch::Sender<Arc<Status>>,
     notifier: Notifier,
-    last_sync: Option<f64>,
-}
-
-/// The valid bundle found on disk at start, parsed once: its certificates decide whether it
-/// may still be restored and when its validity changes, on every pass and every turn of
-/// the loop while no source has been read.
-struct Adopted {
-    bytes: Arc<[u8]>,
-    certificates: Vec<bundle::Certificate>,
-}
-
-impl Adopted {
-    fn valid_at(&self, now: i64) -> bool {
-        self.certificates.iter().any(|c| c.is_valid_at(now))
-    }
 }
 
 impl Reconciler {
@@ -297,28 +233,6 @@ impl Reconciler {
         metrics: Arc<Metrics>,
         status: watch::Sender<Arc<Status>>,
     ) -> Self {
-        let slots = common
-            .sources
-            .iter()
-            .map(|spec| Slot {
-                source: SourceState::new(spec),
-                read_at: None,
-                writing_since: None,
-                read_retry: Backoff::default(),
-                loader: local::Loader::default(),
-            })
-            .collect();
-        // Every counter has its series from the start.
-        let cluster: &[&str] = if common.sources.iter().any(|s| s.is_cluster()) {
-            known::CLUSTER_SYNC_ERRORS
-        } else {
-            &[]
-        };
-        let filepath = common.bundle.display().to_string();
-        metrics.init_file(&filepath, &[known::FILE_SYNC_ERRORS, cluster]);
-        for spec in &common.sources {
-            metrics.init_source(spec);
-        }
         metrics.init_records();
         let failures = metrics.clone();
         let hooks = common.exec_on_change.clone().map(|command| {
@@ -332,80 +246,36 @@ impl Reconciler {
                 },
             )
         });
+        let target = Target::new(common).with_background_records(move |record| {
+            failures
+                .state_errors
+                .get_or_create(&RecordLabels {
+                    record: record.to_string(),
+                })
+                .inc();
+        });
+        let bundle = Managed::new(target, &common.sources, 0, common.policy(), hooks, metrics);
         Reconciler {
-            target: Target::new(common).with_background_records(move |record| {
-                failures
-                    .state_errors
-                    .get_or_create(&RecordLabels {
-                        record: record.to_string(),
-                    })
-                    .inc();
-            }),
-            slots,
-            policy: common.policy(),
-            hooks,
-            memory: Vec::new(),
-            desired: None,
-            last_written: None,
-            adopted: None,
-            is_root: nix::unistd::geteuid().is_root(),
-            owner: None,
-            write_failed: None,
-            write_error: None,
-            recorded: None,
-            pending_since: None,
-            recheck_at: None,
-            repair: Backoff::default(),
-            write_retry: Backoff::default(),
-            retry_at: None,
+            files: vec![bundle],
             verify_at: Instant::now() + VERIFY_EVERY,
-            build_problem: None,
             file_watch: Some("not started yet".to_string()),
             kubelet: kubelet_config::Reader::new(
                 kubelet_config::paths_for(None),
                 common.bundle.clone(),
             ),
-            metrics,
-            file: FileLabels { filepath },
             status,
             notifier: Notifier::default(),
-            last_sync: None,
         }
     }
 
-    /// Adopts the file on disk, reads the local sources, and runs the first pass. No API
-    /// call happens here, so a valid file makes the agent ready at once.
+    /// Adopts what is on disk, reads the local sources, and runs the first pass of every
+    /// file. No API call happens here, so a valid file makes the agent ready at once.
     pub fn start(&mut self) {
-        self.target.prepare();
-        let on_disk = self
-            .target
-            .writer()
-            .read_current()
-            .unwrap_or(OnDisk::Missing);
-        self.memory = self.target.remembered(on_disk.bytes());
-        let now_unix = OffsetDateTime::now_utc().unix_timestamp();
-        if let OnDisk::Regular { bytes, stat } = on_disk
-            && let Ok(parsed) = bundle::parse_source(&bytes)
-        {
-            let adopted = Adopted {
-                bytes: bytes.into(),
-                certificates: parsed.certificates,
-            };
-            if adopted.valid_at(now_unix) {
-                tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
-                self.last_written = Some(Fingerprint::of(&adopted.bytes));
-                self.owner = self.is_root.then_some((stat.uid, stat.gid));
-                self.adopted = Some(adopted);
-            }
+        self.kubelet.request(Instant::now());
+        for file in &mut self.files {
+            file.start();
         }
-        let now = Instant::now();
-        self.kubelet.request(now);
-        for index in 0..self.slots.len() {
-            if !self.slots[index].source.spec.is_cluster() {
-                self.read_local(index, now);
-            }
-        }
-        self.reconcile();
+        self.publish();
     }
 
     /// Reads the kubelet's config from `path` (`--kubelet-config`) rather than the usual
@@ -428,18 +298,12 @@ impl Reconciler {
         let mut kubelet_reads = self.kubelet.take_results();
         loop {
             let boundary_at = Instant::now() + self.next_boundary();
-            let deadline = [
-                Some(boundary_at),
-                Some(self.verify_at),
-                self.recheck_at,
-                self.retry_at,
-                next_watchdog,
-            ]
-            .into_iter()
-            .chain(self.slots.iter().map(|s| s.read_at))
-            .flatten()
-            .min()
-            .expect("the boundary is always set");
+            let deadline = [Some(boundary_at), Some(self.verify_at), next_watchdog]
+                .into_iter()
+                .chain(self.files.iter().map(Managed::next_due))
+                .flatten()
+                .min()
+                .expect("the boundary is always set");
             // Only a source update, a settled change on disk, a due retry, a re-verification
             // or a certificate boundary calls for a pass; a watchdog tick or a ping does not.
             let mut work = false;
@@ -466,7 +330,10 @@ impl Reconciler {
             let now = Instant::now();
             work |= self.take_due(now);
             // A certificate boundary is a pass: readiness and the file follow validity.
-            work |= now >= boundary_at;
+            if now >= boundary_at {
+                self.all_due();
+                work = true;
+            }
             if work {
                 self.reconcile();
             }
@@ -482,40 +349,40 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Every file calls for a pass.
+    fn all_due(&mut self) {
+        for file in &mut self.files {
+            file.due = true;
+        }
+    }
+
     /// Does what is due at `now`: the re-verification, the reads of local sources, a recheck
-    /// of the file, a retry. True when a pass is called for.
+    /// of a file, a retry. True when a pass is called for.
     fn take_due(&mut self, now: Instant) -> bool {
         let mut work = false;
         if self.verify_at <= now {
             // The safety net: whatever inotify said, look at every local source and (in the
-            // pass that follows) at the file. The kubelet's config is read again too, off
+            // pass that follows) at every file. The kubelet's config is read again too, off
             // the loop: what it finds comes back as an input of its own.
             self.verify_at = now + VERIFY_EVERY;
             self.kubelet.request(now);
-            for slot in self
-                .slots
-                .iter_mut()
-                .filter(|s| !s.source.spec.is_cluster())
-            {
-                slot.read_at = Some(now);
+            for file in &mut self.files {
+                file.read_local_sources_at(now);
             }
+            self.all_due();
             work = true;
         }
-        for index in 0..self.slots.len() {
-            if self.slots[index].read_at.is_some_and(|t| t <= now) {
-                self.slots[index].read_at = None;
-                self.slots[index].writing_since = None;
-                self.read_local(index, now);
-                work = true;
-            }
-        }
-        for due in [&mut self.recheck_at, &mut self.retry_at] {
-            if due.is_some_and(|t| t <= now) {
-                *due = None;
-                work = true;
-            }
+        for file in &mut self.files {
+            work |= file.take_due(now);
         }
         work
+    }
+
+    /// The file, and its position among the file's sources, of the loop's source `index`.
+    fn source(&mut self, index: usize) -> Option<(&mut Managed, usize)> {
+        self.files
+            .iter_mut()
+            .find_map(|file| file.source(index).map(|local| (file, local)))
     }
 
     /// Takes a change on disk into account; true when it calls for a pass now.
@@ -523,17 +390,14 @@ impl Reconciler {
         let at = Instant::now();
         match event {
             FsEvent::Bundle => {
-                self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                let bundle = &mut self.files[0];
+                bundle.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
             }
             FsEvent::Rescan => {
-                tracing::info!("looking at the bundle and the local sources again");
-                self.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
-                for slot in self
-                    .slots
-                    .iter_mut()
-                    .filter(|s| !s.source.spec.is_cluster())
-                {
-                    slot.read_at = Some(at);
+                tracing::info!("looking at the managed files and the local sources again");
+                for file in &mut self.files {
+                    file.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                    file.read_local_sources_at(at);
                 }
             }
             FsEvent::Source {
@@ -541,7 +405,9 @@ impl Reconciler {
                 settled: true,
             } => {
                 // Closed after writing, renamed into place or removed: read at once.
-                self.slots[index].read_at = Some(at);
+                if let Some((file, local)) = self.source(index) {
+                    file.slots[local].read_at = Some(at);
+                }
             }
             FsEvent::Source {
                 index,
@@ -550,9 +416,11 @@ impl Reconciler {
                 // A writer at work in place: wait for it to close the file (a settled
                 // event), or to fall quiet, so that a half-written file is never read as
                 // the whole source.
-                let slot = &mut self.slots[index];
-                let first = *slot.writing_since.get_or_insert(at);
-                slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
+                if let Some((file, local)) = self.source(index) {
+                    let slot = &mut file.slots[local];
+                    let first = *slot.writing_since.get_or_insert(at);
+                    slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
+                }
             }
             FsEvent::Health(problem) => {
                 self.file_watch = problem;
@@ -564,428 +432,45 @@ impl Reconciler {
         false
     }
 
-    /// Reads a `file:` or `dir:` source now; a read that failed is retried with backoff.
-    fn read_local(&mut self, index: usize, at: Instant) {
-        let slot = &mut self.slots[index];
-        let result = slot.loader.load(&slot.source.spec);
-        match &result {
-            Err(error) if local::retryable(error) => {
-                slot.read_retry.step_read(at);
-                slot.read_at = slot.read_retry.until;
-            }
-            _ => slot.read_retry.clear(),
-        }
-        let event = match result {
-            Ok(content) => SourceEvent::Content(content),
-            Err(error) => SourceEvent::Failed(error),
-        };
-        self.on_update(Update { index, event, at });
-    }
-
     fn on_update(&mut self, update: Update) {
-        // Without usable credentials no cluster source can be read: a sync that cannot
-        // happen, counted as such (once per change of the problem, as the source sends it).
-        if let SourceEvent::Failed(e) | SourceEvent::WatchRestart(e) = &update.event
-            && e.reason() == "credentials"
-        {
-            self.count_sync_error("credentials");
-        }
-        let slot = &mut self.slots[update.index];
-        if slot.source.observe(update.event, &self.metrics) {
-            self.pending_since.get_or_insert(update.at);
+        if let Some((file, local)) = self.source(update.index) {
+            file.on_update(local, update.event, update.at);
         }
     }
 
-    /// One pass ([`Reconciler::pass`]); a pass over a large bundle then gives the memory it
-    /// freed back to the system.
+    /// A pass over each file that calls for one; a pass over a large bundle then gives the
+    /// memory it freed back to the system. Then the state is published.
     fn reconcile(&mut self) {
-        self.pass();
-        crate::runtime::allocator::after_pass(
-            self.desired.as_ref().map_or(0, |d| d.rendered.len()),
-        );
-    }
-
-    /// Builds the bundle from the last good content of every source and makes the file
-    /// hold it, unless nothing valid can be built, a source has never been read, or a
-    /// backoff says wait. Then publishes the state.
-    fn pass(&mut self) {
-        let now = OffsetDateTime::now_utc();
-        let at = Instant::now();
-        let on_disk = match self.target.writer().read_current() {
-            Ok(on_disk) => on_disk,
-            Err(e) => {
-                // The file cannot be seen: nothing can be compared, written over or
-                // claimed. Look again with backoff.
-                let problem = e.to_string();
-                if self.write_retry.blocked(at).is_none() {
-                    tracing::error!(reason = e.reason(), "{problem}");
-                    self.count_sync_error(e.reason());
-                }
-                self.write_retry.step_write(at);
-                self.retry_at = self.write_retry.until;
-                self.publish(
-                    Seen::Unreadable(problem.clone()),
-                    Some(false),
-                    Some(problem),
-                );
-                return;
-            }
-        };
-        let all_read = self.slots.iter().all(|s| s.source.content.is_some());
-        let goal: Arc<[u8]> = if all_read {
-            match self.build(now) {
-                Some(desired) => desired.rendered.clone(),
-                None => {
-                    let problem = self.build_problem.clone();
-                    self.publish((&on_disk).into(), Some(false), problem);
-                    return;
-                }
-            }
-        } else {
-            // Building from some sources only would drop the others' signers. Until each
-            // source has been read once, the adopted bundle stands, and is what a repair
-            // restores, while it still holds a certificate valid now.
-            self.desired = None;
-            match &self.adopted {
-                Some(adopted) if adopted.valid_at(now.unix_timestamp()) => adopted.bytes.clone(),
-                _ => {
-                    self.publish((&on_disk).into(), None, None);
-                    return;
-                }
-            }
-        };
-        let sha256 = Fingerprint::of(&goal);
-        let owner = self.is_root.then(|| {
-            self.owner
-                .unwrap_or_else(|| on_disk.stat().map_or((0, 0), |s| (s.uid, s.gid)))
-        });
-        let facts = Facts {
-            goal: &goal,
-            on_disk: &on_disk,
-            mode: self.target.writer().mode(),
-            owner,
-            last_written: self.last_written,
-            write_failed: self.write_failed,
-        };
-        match decide(&facts, &self.repair, &self.write_retry, at) {
-            Action::InSync => {
-                self.in_sync(sha256);
-                self.publish((&on_disk).into(), self.in_sync_state(), None);
-            }
-            Action::Wait { until, problem } => {
-                self.retry_at = Some(until);
-                // While a failed write waits for its retry, health keeps saying why it failed.
-                let problem = match &self.write_error {
-                    Some(error)
-                        if self.write_failed == Some(sha256) && problem == WRITE_RETRY_WAIT =>
-                    {
-                        format!("{error}; retrying with backoff")
-                    }
-                    _ => problem.to_string(),
-                };
-                self.publish((&on_disk).into(), Some(false), Some(problem));
-            }
-            Action::RepairAttributes => {
-                let stat: Stat = *on_disk
-                    .stat()
-                    .expect("the content matched, so a regular file");
-                match self.target.writer().repair_attributes(&stat, owner) {
-                    Ok(true) => {
-                        self.metrics.repairs.get_or_create(&self.file).inc();
-                        self.repair.step_repair(at);
-                        tracing::warn!(bundle = %self.file.filepath, mode = format!("{:o}", stat.mode), uid = stat.uid, gid = stat.gid, "repaired the bundle's mode or owner: something else had changed it");
-                        self.in_sync(sha256);
-                        self.publish((&on_disk).into(), self.in_sync_state(), None);
-                    }
-                    Ok(false) => {
-                        // Replaced since it was read: the next pass looks at the new file.
-                        self.recheck_at = Some(at + BUNDLE_SETTLE);
-                        self.publish(
-                            (&on_disk).into(),
-                            Some(false),
-                            Some("the file changed while its mode was being repaired".into()),
-                        );
-                    }
-                    Err(e) => {
-                        let problem = format!(
-                            "cannot repair the mode or owner of {}: {e}",
-                            self.file.filepath
-                        );
-                        tracing::error!("{problem}");
-                        self.count_sync_error("attributes");
-                        self.write_retry.step_write(at);
-                        self.retry_at = self.write_retry.until;
-                        self.publish((&on_disk).into(), Some(false), Some(problem));
-                    }
-                }
-            }
-            Action::CannotReplace => {
-                let error = WriteError::Directory {
-                    path: self.target.path().to_path_buf(),
-                };
-                // Looked at again on every change in the bundle's directory (its removal
-                // is one); counted and logged as failed writes are, with their backoff, so
-                // that a directory that stays is a sync error that keeps happening.
-                if self.write_retry.blocked(at).is_none() {
-                    tracing::error!(reason = error.reason(), "{error}");
-                    self.count_sync_error(error.reason());
-                    self.write_retry.step_write(at);
-                    self.retry_at = self.write_retry.until;
-                }
-                self.publish((&on_disk).into(), Some(false), Some(error.to_string()));
-            }
-            Action::Write { repair } => self.write(goal, on_disk, owner, repair, now, at),
+        let mut largest = 0;
+        for file in self.files.iter_mut().filter(|f| f.due) {
+            file.reconcile();
+            largest = largest.max(file.built_len());
         }
+        crate::runtime::allocator::after_pass(largest);
+        self.publish();
     }
 
-    /// Replaces the file with `goal` and records the outcome.
-    fn write(
-        &mut self,
-        goal: Arc<[u8]>,
-        on_disk: OnDisk,
-        owner: Option<(u32, u32)>,
-        repair: bool,
-        now: OffsetDateTime,
-        at: Instant,
-    ) {
-        let sha256 = Fingerprint::of(&goal);
-        if let OnDisk::Other(kind) = &on_disk {
-            tracing::warn!(bundle = %self.file.filepath, "the bundle path is {kind}, not a regular file; replacing it with one (never following a link)");
-        }
-        // With a bundle built from the sources, it is the goal; without one (a source not
-        // read yet), the goal is the adopted bundle, restored.
-        let written = match &self.desired {
-            Some(desired) => self.target.apply(
-                &desired.built,
-                &desired.rendered,
-                &on_disk,
-                owner,
-                now,
-                !repair,
-            ),
-            _ => self.target.restore(&goal, &on_disk, owner),
-        };
-        match written {
-            Ok(applied) => {
-                if applied.replaced {
-                    self.metrics.writes.get_or_create(&self.file).inc();
-                    if repair {
-                        self.metrics.repairs.get_or_create(&self.file).inc();
-                        self.repair.step_repair(at);
-                        tracing::warn!(bundle = %self.file.filepath, "repaired the bundle: something else had changed or removed it");
-                    } else if let Some(since) = self.pending_since {
-                        let took = applied.durable_at.saturating_duration_since(since);
-                        self.metrics.sync_duration.observe(took.as_secs_f64());
-                    }
-                    if let Some(hooks) = &self.hooks {
-                        hooks.changed();
-                    }
-                }
-                self.owner = owner;
-                self.write_failed = None;
-                self.write_error = None;
-                self.write_retry.clear();
-                self.in_sync(sha256);
-                self.publish(Seen::Regular(&goal), self.in_sync_state(), None);
-            }
-            Err(e) => {
-                self.count_sync_error(e.reason());
-                if self.write_failed != Some(sha256) {
-                    self.write_retry.clear();
-                }
-                self.write_failed = Some(sha256);
-                self.write_error = Some(e.to_string());
-                self.write_retry.step_write(at);
-                self.retry_at = self.write_retry.until;
-                tracing::error!(reason = e.reason(), "{e}");
-                self.publish((&on_disk).into(), Some(false), Some(e.to_string()));
-            }
-        }
-    }
-
-    /// Builds the bundle from every source's last good content, or records why it cannot
-    /// be built (logged and counted once per distinct problem).
-    fn build(&mut self, now: OffsetDateTime) -> Option<&Desired> {
-        let sources: Vec<SourceCertificates> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.source.content.clone())
-            .collect();
-        match bundle::build(&sources, &self.memory, self.policy, now.unix_timestamp()) {
-            Ok(built) => {
-                self.build_problem = None;
-                let rendered = built.bundle.render().into();
-                self.desired = Some(Desired { built, rendered });
-                self.desired.as_ref()
-            }
-            Err(e) => {
-                let problem = e.to_string();
-                if self.build_problem.as_ref() != Some(&problem) {
-                    tracing::error!(reason = e.reason(), "{problem}; the file stays as it is");
-                    self.count_sync_error(e.reason());
-                    self.build_problem = Some(problem);
-                }
-                self.desired = None;
-                None
-            }
-        }
-    }
-
-    /// In sync with the sources (`Some(true)`), or holding the adopted bundle while a
-    /// source has not been read yet (`None`: nothing to compare with).
-    fn in_sync_state(&self) -> Option<bool> {
-        self.desired.is_some().then_some(true)
-    }
-
-    fn in_sync(&mut self, sha256: Fingerprint) {
-        self.last_written = Some(sha256);
-        self.pending_since = None;
-        // In sync with the sources only once every source has been read: holding the
-        // adopted bundle meanwhile is not a sync.
-        if let Some(desired) = &self.desired {
-            self.last_sync = Some(unix_now());
-            self.memory = desired.built.memory.clone();
-            // Records follow the state they describe, whether or not a write was needed.
-            let key = (
-                sha256,
-                self.memory
-                    .iter()
-                    .map(|r| (r.certificate.fingerprint(), r.missing_since))
-                    .collect(),
-            );
-            if self.recorded.as_ref() != Some(&key) {
-                self.target.record(&desired.built, &sha256.to_hex());
-                self.recorded = Some(key);
-            }
-        }
-    }
-
-    fn count_sync_error(&self, reason: &str) {
-        let labels = FileReasonLabels {
-            filepath: self.file.filepath.clone(),
-            reason: reason.to_string(),
-        };
-        self.metrics.sync_errors.get_or_create(&labels).inc();
-    }
-
-    /// Time until the next instant the bundle's validity can change: a certificate's
-    /// notBefore or notAfter, or a retained certificate's window ending.
+    /// Time until the next instant a file's validity can change.
     fn next_boundary(&self) -> Duration {
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        let certificates = self
-            .slots
+        self.files
             .iter()
-            .filter_map(|s| s.source.content.as_ref())
-            .flat_map(|c| c.certificates.iter());
-        let adopted = self
-            .adopted
-            .iter()
-            .filter(|_| self.desired.is_none())
-            .flat_map(|a| a.certificates.iter());
-        let instants = certificates
-            .chain(adopted)
-            .chain(self.memory.iter().map(|r| &r.certificate))
-            .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
-            .chain(
-                self.memory
-                    .iter()
-                    .filter_map(|r| Some(r.missing_since? + self.policy.retain_removed)),
-            );
-        let next = instants.filter(|&t| t > now).min();
-        next.map_or(BOUNDARY_RECHECK_MAX, |t| {
-            Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
-        })
+            .map(Managed::next_boundary)
+            .min()
+            .unwrap_or(BOUNDARY_RECHECK_MAX)
     }
 
-    /// Why the file can be said neither in sync nor out of sync: a source has not been
-    /// read yet, so there is no bundle to compare it with.
-    fn sync_unknown(&self, now: i64) -> String {
-        let unread: Vec<&str> = self
-            .slots
-            .iter()
-            .filter(|s| s.source.content.is_none())
-            .map(|s| s.source.name.as_str())
-            .collect();
-        let mut why = if unread.len() == self.slots.len() {
-            format!(
-                "not known yet: no source has been read ({})",
-                unread.join(", ")
-            )
-        } else {
-            format!(
-                "not known yet: {} of {} sources not read yet ({}); a bundle built from the others alone would drop its signers",
-                unread.len(),
-                self.slots.len(),
-                unread.join(", ")
-            )
-        };
-        if self.adopted.as_ref().is_some_and(|a| a.valid_at(now)) {
-            why.push_str("; the bundle found at start stands meanwhile");
-        }
-        why
-    }
-
-    /// Publishes the state of the file for health, metrics and systemd.
-    fn publish(&mut self, seen: Seen, in_sync: Option<bool>, sync_problem: Option<String>) {
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        let sync_problem = match in_sync {
-            None => sync_problem.or_else(|| Some(self.sync_unknown(now))),
-            Some(_) => sync_problem,
-        };
-        let path = &self.file.filepath;
-        let (certificates, file_valid, file_problem, bytes) = match seen {
-            Seen::Missing => (
-                Vec::new(),
-                false,
-                Some(format!("{path} does not exist")),
-                None,
-            ),
-            Seen::Other(kind) => (
-                Vec::new(),
-                false,
-                Some(format!("{path} is {kind}, not a regular file")),
-                None,
-            ),
-            Seen::Unreadable(problem) => (Vec::new(), false, Some(problem), None),
-            Seen::Regular(bytes) => {
-                // When the file holds the bundle just built, its certificates are known.
-                let built = self.desired.as_ref().filter(|d| &d.rendered[..] == bytes);
-                let parsed = match built {
-                    Some(d) => Ok(d.built.bundle.certificates().to_vec()),
-                    None => bundle::parse_source(bytes).map(|p| p.certificates),
-                };
-                match parsed {
-                    Ok(certificates) => {
-                        let valid = certificates.iter().any(|c| c.is_valid_at(now));
-                        let problem =
-                            (!valid).then(|| "no certificate in the file is valid now".to_string());
-                        (certificates, valid, problem, Some(bytes))
-                    }
-                    Err(rejection) => (
-                        Vec::new(),
-                        false,
-                        Some(format!("the file is not a valid bundle: {rejection}")),
-                        Some(bytes),
-                    ),
-                }
-            }
-        };
+    /// Publishes the state of every file for health and metrics; systemd hears of the
+    /// bundle alone (`READY=1` never waits for another file).
+    fn publish(&mut self) {
+        let (bundle, others) = self.files.split_first().expect("the bundle is a file");
         let status = Status {
-            kind: TargetKind::File,
-            bundle_path: self.file.filepath.clone(),
-            certificates,
-            sha256: bytes.map(|b| Fingerprint::of(b).to_hex()),
-            file_valid,
-            file_problem,
-            in_sync,
-            sync_problem,
-            sources: self.slots.iter().map(|s| s.source.status()).collect(),
-            last_sync: self.last_sync,
             file_watch: self.file_watch.clone(),
             kubelet: Some(self.kubelet.seen().clone()),
+            others: others.iter().map(|f| f.status.clone()).collect(),
+            ..bundle.status.clone()
         };
         self.notifier.status(&status.summary());
-        self.notifier.ready(status.ready());
+        self.notifier.ready(status.bundle_ready());
         self.status.send_replace(Arc::new(status));
     }
 }
@@ -993,6 +478,7 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fsutil::Stat;
 
     #[test]
     fn repair_backoff_doubles_to_five_minutes_and_resets_after_ten_quiet_minutes() {
@@ -1272,6 +758,8 @@ mod loop_tests {
     use clap::Parser;
     use tokio::signal::unix::{SignalKind, signal};
 
+    use time::OffsetDateTime;
+
     use super::*;
     use crate::bundle::test_certs;
     use crate::cli::{Cli, Command};
@@ -1318,8 +806,10 @@ mod loop_tests {
         let mut at = start;
         let mut delays = Vec::new();
         for _ in 0..12 {
-            reconciler.read_local(0, at);
-            let next = reconciler.slots[0].read_at.expect("a retry is scheduled");
+            reconciler.files[0].read_local(0, at);
+            let next = reconciler.files[0].slots[0]
+                .read_at
+                .expect("a retry is scheduled");
             delays.push((next - at).as_secs());
             at = next;
         }
@@ -1327,10 +817,10 @@ mod loop_tests {
 
         let dir = tempfile::tempdir().unwrap();
         let (mut reconciler, _status) = reconciler_for(dir.path(), Some(b"not a certificate"));
-        reconciler.read_local(0, Instant::now());
-        assert!(!reconciler.slots[0].source.up);
+        reconciler.files[0].read_local(0, Instant::now());
+        assert!(!reconciler.files[0].slots[0].source.up);
         assert_eq!(
-            reconciler.slots[0].read_at, None,
+            reconciler.files[0].slots[0].read_at, None,
             "rejected content is retried"
         );
     }

@@ -739,6 +739,7 @@ impl Publisher {
             last_sync: self.last_sync,
             file_watch: None,
             kubelet: None,
+            others: Vec::new(),
         };
         self.status.send_replace(Arc::new(status));
     }
