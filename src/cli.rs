@@ -158,9 +158,95 @@ pub struct CommonArgs {
     /// Kill an --exec-on-change command (and its process group) that runs longer than this.
     #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub exec_on_change_timeout: Duration,
+    /// One more CA file to keep, from sources of its own, with every guarantee the bundle
+    /// has (repeat the flag; in the environment, separate files with ';'), e.g.
+    /// /etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem=controllerconfig:machine-config-controller/cloudProviderCAData.
+    /// A file whose sources hold no certificate is neither created nor emptied.
+    #[arg(
+        long = "manage",
+        value_name = "PATH=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE",
+        value_delimiter = ';',
+        value_parser = parse_manage
+    )]
+    pub manage: Vec<ManageSpec>,
+}
+
+/// One `--manage` file: where it is, and its sources in priority order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManageSpec {
+    pub path: PathBuf,
+    pub sources: Vec<SourceSpec>,
+}
+
+impl std::fmt::Display for ManageSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sources: Vec<String> = self.sources.iter().map(ToString::to_string).collect();
+        write!(f, "{}={}", self.path.display(), sources.join(","))
+    }
+}
+
+fn parse_manage(s: &str) -> Result<ManageSpec, String> {
+    let s = s.trim();
+    let (path, specs) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} names no sources: expected PATH=SPEC[,SPEC...], e.g. /etc/pki/ca.pem=file:/run/ca.pem")
+    })?;
+    let path = path.trim();
+    if path.is_empty() {
+        return Err(format!("{s:?} names no file before '='"));
+    }
+    let sources = specs
+        .split(',')
+        .map(str::trim)
+        .filter(|spec| !spec.is_empty())
+        .map(parse_source_spec)
+        .collect::<Result<Vec<_>, _>>()?;
+    if sources.is_empty() {
+        return Err(format!("{path} has no sources after '='"));
+    }
+    Ok(ManageSpec {
+        path: PathBuf::from(path),
+        sources,
+    })
 }
 
 impl CommonArgs {
+    /// Every managed file's sources, the bundle's first, then each `--manage` file's in
+    /// order: the positions source updates and file events carry.
+    pub fn all_sources(&self) -> Vec<SourceSpec> {
+        self.sources
+            .iter()
+            .chain(self.manage.iter().flat_map(|m| m.sources.iter()))
+            .cloned()
+            .collect()
+    }
+
+    /// The path of every managed file: the bundle, then each `--manage` file.
+    pub fn managed_paths(&self) -> Vec<PathBuf> {
+        std::iter::once(self.bundle.clone())
+            .chain(self.manage.iter().map(|m| m.path.clone()))
+            .collect()
+    }
+
+    /// Two managed files at one path (the bundle, or another `--manage` file) would each
+    /// put back the other's content: refused at start.
+    pub fn check_managed_paths(&self) -> Result<(), String> {
+        let absolute =
+            |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut seen = vec![(absolute(&self.bundle), "--bundle".to_string())];
+        for manage in &self.manage {
+            let path = absolute(&manage.path);
+            if let Some((_, first)) = seen.iter().find(|(p, _)| *p == path) {
+                return Err(format!(
+                    "--manage {}: that file is already managed ({first}); each file can have one set of sources",
+                    manage.path.display()
+                ));
+            }
+            seen.push((path, format!("--manage {}", manage.path.display())));
+        }
+        Ok(())
+    }
+
     /// The merge policy these flags ask for.
     pub fn policy(&self) -> crate::bundle::Policy {
         crate::bundle::Policy {

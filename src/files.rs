@@ -33,8 +33,9 @@ pub const RECHECK_EVERY: Duration = Duration::from_secs(60);
 /// Something changed on disk that the loop should look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FsEvent {
-    /// The managed bundle was written, replaced, changed or deleted.
-    Bundle,
+    /// A managed file (by position: 0 is `--bundle`, then each `--manage` file) was
+    /// written, replaced, changed or deleted.
+    Bundle(usize),
     /// A local source (by position in `--source` order) changed. `settled`: the change is
     /// complete (a file closed after writing, renamed into place, removed); otherwise a
     /// writer is at work in place and the read should wait for it.
@@ -54,8 +55,8 @@ pub enum FsEvent {
 /// The directories to watch and what their entries mean.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The managed file, if any (the publisher has none).
-    bundle: Option<PathBuf>,
+    /// The managed files, the bundle first (the publisher has none).
+    managed: Vec<PathBuf>,
     sources: Vec<(usize, SourceWatch)>,
     /// The endpoint's TLS files.
     tls: Vec<PathBuf>,
@@ -73,7 +74,7 @@ enum SourceWatch {
 const PROJECTED_DATA: &str = "..data";
 
 impl Plan {
-    pub fn new(bundle: Option<&Path>, sources: &[SourceSpec]) -> Plan {
+    pub fn new(managed: &[PathBuf], sources: &[SourceSpec]) -> Plan {
         // inotify reports names within watched directories; paths are made absolute so
         // that the directories and their parents are unambiguous.
         let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -97,7 +98,7 @@ impl Plan {
             })
             .collect();
         Plan {
-            bundle: bundle.map(absolute),
+            managed: managed.iter().map(|p| absolute(p)).collect(),
             sources,
             tls: Vec::new(),
             credentials: Vec::new(),
@@ -122,11 +123,10 @@ impl Plan {
     /// Each directory whose entries matter, with what it is for.
     pub fn dirs(&self) -> BTreeMap<PathBuf, String> {
         let mut dirs = BTreeMap::new();
-        if let Some(bundle) = &self.bundle {
-            dirs.insert(
-                parent_dir(bundle),
-                format!("the directory of the bundle {}", bundle.display()),
-            );
+        for (index, file) in self.managed.iter().enumerate() {
+            let what = if index == 0 { "bundle" } else { "managed file" };
+            dirs.entry(parent_dir(file))
+                .or_insert_with(|| format!("the directory of the {what} {}", file.display()));
         }
         for (_, watch) in &self.sources {
             let (dir, what) = match watch {
@@ -153,11 +153,10 @@ impl Plan {
     /// What a change to `name` inside `dir` means.
     fn classify(&self, dir: &Path, name: &OsStr, settled: bool) -> Vec<FsEvent> {
         let mut events = Vec::new();
-        if let Some(bundle) = &self.bundle
-            && dir == parent_dir(bundle)
-            && Some(name) == bundle.file_name()
-        {
-            events.push(FsEvent::Bundle);
+        for (index, file) in self.managed.iter().enumerate() {
+            if dir == parent_dir(file) && Some(name) == file.file_name() {
+                events.push(FsEvent::Bundle(index));
+            }
         }
         for (index, watch) in &self.sources {
             let concerns = match watch {
@@ -494,9 +493,20 @@ mod tests {
         .iter()
         .map(|s| s.parse().unwrap())
         .collect();
-        let plan = Plan::new(Some(Path::new("/etc/kubernetes/kubelet-ca.crt")), &sources);
+        let plan = Plan::new(
+            &[
+                PathBuf::from("/etc/kubernetes/kubelet-ca.crt"),
+                PathBuf::from("/etc/pki/cloud/ca-bundle.pem"),
+            ],
+            &sources,
+        );
         let at = |dir: &str, name: &str| plan.classify(Path::new(dir), OsStr::new(name), true);
-        assert_eq!(at("/etc/kubernetes", "kubelet-ca.crt"), [FsEvent::Bundle]);
+        assert_eq!(
+            at("/etc/kubernetes", "kubelet-ca.crt"),
+            [FsEvent::Bundle(0)]
+        );
+        assert_eq!(at("/etc/pki/cloud", "ca-bundle.pem"), [FsEvent::Bundle(1)]);
+        assert_eq!(at("/etc/pki/cloud", "ca-bundle.pem.old"), []);
         assert_eq!(
             at(
                 "/etc/kubernetes",
@@ -519,7 +529,7 @@ mod tests {
         assert_eq!(at("/srv/signers", "new.pem"), std::slice::from_ref(&dir));
         assert_eq!(at("/srv/signers", "new.crt.tmp"), []);
         assert_eq!(at("/srv/signers", "..data"), [dir]);
-        assert_eq!(plan.dirs().len(), 3);
+        assert_eq!(plan.dirs().len(), 4);
         let plan = plan.with_tls_files(&[PathBuf::from("/etc/kubelet-ca-agent/tls.crt")]);
         let tls = |name: &str, settled| {
             plan.classify(
@@ -535,12 +545,12 @@ mod tests {
             "half written: wait for the close"
         );
         assert_eq!(tls("tls.key.new", true), []);
-        assert_eq!(plan.dirs().len(), 4);
+        assert_eq!(plan.dirs().len(), 5);
     }
 
     #[test]
     fn a_credential_file_or_its_link_swapped_reads_the_credentials_again() {
-        let plan = Plan::new(None, &[]).with_credential_files(&[
+        let plan = Plan::new(&[], &[]).with_credential_files(&[
             PathBuf::from("/var/lib/kubelet/kubeconfig"),
             PathBuf::from("/var/lib/kubelet/pki/kubelet-client-current.pem"),
         ]);

@@ -286,8 +286,8 @@ pub struct Exposition {
 /// fingerprint identifies), and which of them have expired by now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct CertificatesKey {
-    filepath: String,
-    certificates: Vec<crate::bundle::Fingerprint>,
+    /// Each managed file's path and certificates.
+    files: Vec<(String, Vec<crate::bundle::Fingerprint>)>,
     /// The credentials the agent holds, by their generation (a new client, new certificates)
     /// and the agent's own certificates.
     held: Vec<crate::bundle::Fingerprint>,
@@ -328,16 +328,17 @@ impl Exposition {
             .map(|c| c.current().held.clone())
             .unwrap_or_default();
         let key = CertificatesKey {
-            filepath: status.bundle_path.clone(),
-            certificates: status
-                .certificates
-                .iter()
-                .map(|c| c.fingerprint())
+            files: status
+                .files()
+                .map(|f| {
+                    let certificates = f.certificates.iter().map(|c| c.fingerprint()).collect();
+                    (f.bundle_path.clone(), certificates)
+                })
                 .collect(),
             held: held.iter().map(|h| h.certificate.fingerprint()).collect(),
             expired: status
-                .certificates
-                .iter()
+                .files()
+                .flat_map(|f| f.certificates.iter())
                 .chain(held.iter().map(|h| &h.certificate))
                 .filter(|c| c.is_expired_at(now))
                 .count(),
@@ -461,9 +462,12 @@ impl Collector for CertificateCollector {
         // key); emit the first only, so the exposition stays valid.
         let mut seen = std::collections::HashSet::new();
         let certs: Vec<_> = status
-            .certificates
-            .iter()
-            .map(|c| (labels(&status.bundle_path, c), c))
+            .files()
+            .flat_map(|f| {
+                f.certificates
+                    .iter()
+                    .map(|c| (labels(&f.bundle_path, c), c))
+            })
             .chain(self.held.iter().map(|h| {
                 let mut l = labels(&h.filepath, &h.certificate);
                 l.embedded = Some((h.kind, h.key.clone()));
@@ -519,28 +523,33 @@ impl Collector for StateCollector {
         let file = || FileLabels {
             filepath: status.bundle_path.clone(),
         };
-        let on_disk = status.sha256.is_some();
+        let files = || status.files();
+        let labels = |f: &crate::status::Status| FileLabels {
+            filepath: f.bundle_path.clone(),
+        };
         gauge(
             &mut encoder,
             "kubelet_ca_bundle_certificates",
             "Certificates in the bundle file",
-            on_disk.then(|| (file(), status.certificates.len() as i64)),
+            files()
+                .filter(|f| f.sha256.is_some())
+                .map(|f| (labels(f), f.certificates.len() as i64)),
         )?;
         // No series while a source has never been read: there is nothing to compare with.
         gauge(
             &mut encoder,
             "kubelet_ca_bundle_in_sync",
             "1 when the file equals the bundle built from the sources",
-            status.in_sync.map(|in_sync| (file(), i64::from(in_sync))),
+            files().filter_map(|f| Some((labels(f), i64::from(f.in_sync?)))),
         )?;
-        let info = status.sha256.iter().map(|sha| {
-            (
+        let info = files().filter_map(|f| {
+            Some((
                 BundleInfoLabels {
-                    filepath: status.bundle_path.clone(),
-                    sha256: sha.clone(),
+                    filepath: f.bundle_path.clone(),
+                    sha256: f.sha256.clone()?,
                 },
                 1i64,
-            )
+            ))
         });
         gauge(
             &mut encoder,
@@ -548,7 +557,13 @@ impl Collector for StateCollector {
             "The SHA-256 of the bundle file",
             info,
         )?;
-        let sources = || status.sources.iter();
+        // A source that feeds several files is one series.
+        let mut specs = std::collections::HashSet::new();
+        let all_sources: Vec<_> = files()
+            .flat_map(|f| f.sources.iter())
+            .filter(|s| specs.insert(s.spec.as_str()))
+            .collect();
+        let sources = || all_sources.iter();
         gauge(
             &mut encoder,
             "kubelet_ca_source_up",
@@ -589,7 +604,7 @@ impl Collector for StateCollector {
             &mut encoder,
             "kubelet_ca_last_sync_timestamp_seconds",
             "The last reconciliation that ended in sync, unix seconds",
-            status.last_sync.map(|t| (file(), t)),
+            files().filter_map(|f| Some((labels(f), f.last_sync?))),
         )?;
         // No series while it is not known (no kubelet config found, none set in it).
         if status.kind == TargetKind::File {

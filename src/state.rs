@@ -1,9 +1,11 @@
 //! What the agent keeps in `--state-dir` besides history: the retention memory of
 //! `--retain-removed` (so that it survives restarts) and `managed-files.json` (SPEC 8).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -17,6 +19,51 @@ const MANAGED_FILES: &str = "managed-files.json";
 
 pub struct StateDir {
     path: PathBuf,
+}
+
+/// The entries of `managed-files.json`: each managed file's absolute path and the SHA-256
+/// of its content when last written or verified. Shared by the targets of one state
+/// directory, so that each file's record updates its own entry and the file always lists
+/// them all.
+#[derive(Clone)]
+pub struct Book {
+    index: Arc<StateDir>,
+    entries: Arc<Mutex<BTreeMap<PathBuf, String>>>,
+}
+
+impl Book {
+    /// The book of `state_dir` for the files at `managed`: what `managed-files.json`
+    /// already says of them (so that a restart does not drop a file's entry until its
+    /// first pass), and nothing of files no longer managed.
+    pub fn open(state_dir: &Path, managed: &[PathBuf]) -> Book {
+        let index = StateDir::new(state_dir.to_path_buf());
+        let managed: Vec<PathBuf> = managed
+            .iter()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .collect();
+        let entries = match index.load_managed_files() {
+            Ok(Some(recorded)) => recorded
+                .files
+                .into_iter()
+                .filter(|f| managed.contains(&f.path))
+                .map(|f| (f.path, f.sha256))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        Book {
+            index: Arc::new(index),
+            entries: Arc::new(Mutex::new(entries)),
+        }
+    }
+
+    /// Records `path` (made absolute) as holding content of `sha256`, and writes the file.
+    pub fn record(&self, path: &Path, sha256: &str) -> io::Result<()> {
+        let path = std::path::absolute(path)?;
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.insert(path, sha256.to_string());
+        // Written under the lock: two files' records never race to the one file.
+        self.index.save_managed_files(&entries)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -107,15 +154,17 @@ impl StateDir {
         self.write_json(RETENTION_FILE, &file)
     }
 
-    /// Records the managed file and the SHA-256 of its content, for drift monitors.
-    pub fn save_managed_files(&self, bundle: &Path, sha256: &str) -> io::Result<()> {
-        let path = std::path::absolute(bundle)?;
+    /// Records every managed file and the SHA-256 of its content, for drift monitors.
+    pub fn save_managed_files(&self, files: &BTreeMap<PathBuf, String>) -> io::Result<()> {
         let file = ManagedFiles {
             version: 1,
-            files: vec![ManagedFile {
-                path,
-                sha256: sha256.to_string(),
-            }],
+            files: files
+                .iter()
+                .map(|(path, sha256)| ManagedFile {
+                    path: path.clone(),
+                    sha256: sha256.clone(),
+                })
+                .collect(),
         };
         self.write_json(MANAGED_FILES, &file)
     }

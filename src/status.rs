@@ -50,6 +50,10 @@ pub struct Status {
     /// The other files the node agent keeps (`--manage`), each as a status of its own
     /// (without `file_watch` and `kubelet`, which are the loop's, said above).
     pub others: Vec<Status>,
+    /// A `--manage` file whose sources were all read and hold no certificate (a cloud CA
+    /// on a platform without one): it is neither created nor emptied, and nothing is
+    /// wrong.
+    pub nothing_to_keep: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -69,10 +73,15 @@ impl Status {
         self.bundle_ready() && self.others.iter().all(Status::bundle_ready)
     }
 
+    /// This file's status, then each other managed file's.
+    pub fn files(&self) -> impl Iterator<Item = &Status> {
+        std::iter::once(self).chain(self.others.iter())
+    }
+
     /// Ready as far as this file alone goes: what systemd's `READY=1` waits for, so that
     /// another managed file never holds the kubelet back.
     pub fn bundle_ready(&self) -> bool {
-        self.file_valid && self.in_sync != Some(false)
+        self.nothing_to_keep || (self.file_valid && self.in_sync != Some(false))
     }
 
     /// The readiness checks, in order: (name, None if ok, else why not).
@@ -113,7 +122,21 @@ impl Status {
                 kubelet.problem(&self.bundle_path),
             ));
         }
-        for source in &self.sources {
+        for other in &self.others {
+            let path = &other.bundle_path;
+            let own = other.checks();
+            // Its file checks, named by its path; its sources among the others, once each.
+            for (name, problem) in own.into_iter().take(2) {
+                let problem = match (other.nothing_to_keep, name.as_str()) {
+                    (true, "bundle-valid") => None,
+                    _ => problem,
+                };
+                checks.push((format!("{name}:{path}"), problem));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let sources = self.files().flat_map(|f| f.sources.iter());
+        for source in sources.filter(|s| seen.insert(s.spec.as_str())) {
             checks.push((
                 format!("source:{}", source.spec),
                 (!source.up).then(|| {

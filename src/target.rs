@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use crate::bundle::parse::scan;
 use crate::bundle::{self, Built, Certificate, Fingerprint, Remembered};
 use crate::cli::CommonArgs;
-use crate::state::StateDir;
+use crate::state::{Book, StateDir};
 use crate::writer::{BundleWriter, History, OnDisk, Outcome, WriteError};
 
 pub struct Target {
@@ -49,6 +49,7 @@ struct Keeper {
     state: StateDir,
     history: History,
     bundle: PathBuf,
+    book: Book,
 }
 
 impl Record {
@@ -63,11 +64,14 @@ impl Record {
 }
 
 impl Keeper {
-    fn new(state_dir: &Path, bundle: PathBuf) -> Self {
+    /// Keeps the records of `bundle` in `state_dir` (its history and retention memory),
+    /// and its entry in `book`.
+    fn new(state_dir: &Path, bundle: PathBuf, book: Book) -> Self {
         Keeper {
             state: StateDir::new(state_dir.to_path_buf()),
             history: History::new(state_dir),
             bundle,
+            book,
         }
     }
 
@@ -83,7 +87,7 @@ impl Keeper {
             ),
             Record::ManagedFiles(sha256) => (
                 "write managed-files.json",
-                self.state.save_managed_files(&self.bundle, sha256),
+                self.book.record(&self.bundle, sha256),
             ),
         };
         result.map_err(|e| {
@@ -169,12 +173,26 @@ pub struct Applied {
 }
 
 impl Target {
-    /// A target that writes its records before `apply` returns.
+    /// The bundle's target, which writes its records before `apply` returns.
     pub fn new(common: &CommonArgs) -> Self {
-        let keeper = Keeper::new(&common.state_dir, common.bundle.clone());
+        let book = Book::open(&common.state_dir, &common.managed_paths());
+        Target::for_file(common, &common.bundle, book)
+    }
+
+    /// The target of the managed file at `path` (the bundle, or a `--manage` file), its
+    /// entry of `managed-files.json` kept in `book`. The bundle's history and retention
+    /// memory are in the state directory itself; another file's in a directory of its own
+    /// under `<state-dir>/files/` ([`file_state_dir`]).
+    pub fn for_file(common: &CommonArgs, path: &Path, book: Book) -> Self {
+        let state_dir = if path == common.bundle {
+            common.state_dir.clone()
+        } else {
+            file_state_dir(&common.state_dir, path)
+        };
+        let keeper = Keeper::new(&state_dir, path.to_path_buf(), book);
         Target {
-            writer: BundleWriter::new(common.bundle.clone(), common.file_mode),
-            state: StateDir::new(common.state_dir.clone()),
+            writer: BundleWriter::new(path.to_path_buf(), common.file_mode),
+            state: StateDir::new(state_dir),
             retains: !common.retain_removed.is_zero(),
             records: Records::Inline(keeper),
         }
@@ -390,6 +408,22 @@ impl Drop for Target {
     }
 }
 
+/// Where the records of a `--manage` file are kept: `<state-dir>/files/<name>-<hash>`, its
+/// file name (so that an operator finds it) and the first 8 bytes of the SHA-256 of its
+/// absolute path in hex (so that two files of one name never share it).
+pub fn file_state_dir(state_dir: &Path, path: &Path) -> PathBuf {
+    use sha2::{Digest, Sha256};
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let digest = Sha256::digest(absolute.as_os_str().as_encoded_bytes());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".to_string());
+    state_dir
+        .join("files")
+        .join(format!("{name}-{}", hex::encode(&digest[..8])))
+}
+
 /// Whatever certificates can be read from a file, even a damaged one.
 pub fn readable_certificates(bytes: &[u8]) -> Vec<Certificate> {
     scan(bytes)
@@ -426,7 +460,11 @@ mod records_tests {
         // A file where the history directory should be: every history record fails.
         let blocker = state.join("history");
         fs::write(&blocker, b"in the way").unwrap();
-        let keeper = Keeper::new(&state, dir.path().join("kubelet-ca.crt"));
+        let keeper = Keeper::new(
+            &state,
+            dir.path().join("kubelet-ca.crt"),
+            Book::open(&state, &[]),
+        );
         let failures = Arc::new(AtomicUsize::new(0));
         let counted = failures.clone();
         let (queue, records) = mpsc::channel();
@@ -508,7 +546,7 @@ mod records_tests {
         state: &Path,
         failures: Arc<AtomicUsize>,
     ) -> (mpsc::Sender<Record>, std::thread::JoinHandle<()>, Log) {
-        let keeper = Keeper::new(state, state.join("kubelet-ca.crt"));
+        let keeper = Keeper::new(state, state.join("kubelet-ca.crt"), Book::open(state, &[]));
         let log = Log::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()

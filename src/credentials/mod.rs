@@ -169,7 +169,7 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
                 task.abort();
             }
             let files: Vec<PathBuf> = attempt.files.iter().cloned().collect();
-            let plan = Plan::new(None, &[]).with_credential_files(&files);
+            let plan = Plan::new(&[], &[]).with_credential_files(&files);
             let task = tokio::spawn(files::run(plan, fs_tx.clone(), None));
             watching = Some((attempt.files, task));
         }

@@ -97,6 +97,9 @@ pub(super) struct Managed {
     pub(super) retry_at: Option<Instant>,
     /// Something happened that calls for a pass of this file.
     pub(super) due: bool,
+    /// A `--manage` file: when its sources hold no certificate it is not created (the
+    /// bundle, which the kubelet needs, always is).
+    optional: bool,
     /// The last build failure, so that it is logged and counted once.
     build_problem: Option<String>,
     metrics: Arc<Metrics>,
@@ -108,8 +111,10 @@ pub(super) struct Managed {
 
 impl Managed {
     /// The file kept by `target` from `sources`, whose first is at position `first` among
-    /// the loop's sources. Its counters have their series from the start.
+    /// the loop's sources: the bundle (`--bundle`), or a `--manage` file. Its counters have
+    /// their series from the start.
     pub(super) fn new(
+        bundle: bool,
         target: Target,
         sources: &[SourceSpec],
         first: usize,
@@ -157,6 +162,7 @@ impl Managed {
             write_retry: Backoff::default(),
             retry_at: None,
             due: false,
+            optional: !bundle,
             build_problem: None,
             metrics,
             file: FileLabels { filepath },
@@ -220,7 +226,9 @@ impl Managed {
         self.desired.as_ref().map_or(0, |d| d.rendered.len())
     }
 
-    pub fn start(&mut self) {
+    /// Adopts the file on disk, reads its local sources, and runs the first pass. No API
+    /// call happens here, so a valid file makes the agent ready at once.
+    pub(super) fn start(&mut self) {
         self.target.prepare();
         let on_disk = self
             .target
@@ -252,9 +260,8 @@ impl Managed {
         self.reconcile();
     }
 
-    /// Reads the kubelet's config from `path` (`--kubelet-config`) rather than the usual
-
-    /// Reads a `file:` or `dir:` source (by its position among this file's sources) now; a read that failed is retried with backoff.
+    /// Reads a `file:` or `dir:` source (by its position among this file's sources) now; a
+    /// read that failed is retried with backoff.
     pub(super) fn read_local(&mut self, index: usize, at: Instant) {
         let slot = &mut self.slots[index];
         let result = slot.loader.load(&slot.source.spec);
@@ -288,8 +295,6 @@ impl Managed {
         self.due = true;
     }
 
-    /// One pass ([`Reconciler::pass`]); a pass over a large bundle then gives the memory it
-
     /// One pass over this file.
     pub(super) fn reconcile(&mut self) {
         self.due = false;
@@ -321,6 +326,14 @@ impl Managed {
             }
         };
         let all_read = self.slots.iter().all(|s| s.source.content.is_some());
+        if self.optional && all_read && self.sources_hold_nothing() {
+            // Nothing to keep (a cloud CA on a platform without one): the file is neither
+            // created nor emptied. One that exists (an admin's, or one this agent wrote
+            // before its sources emptied) stays as it is.
+            self.desired = None;
+            self.nothing_to_keep(&on_disk);
+            return;
+        }
         let goal: Arc<[u8]> = if all_read {
             match self.build(now) {
                 Some(desired) => desired.rendered.clone(),
@@ -614,6 +627,33 @@ impl Managed {
         why
     }
 
+    /// Every source was read and holds no certificate at all.
+    fn sources_hold_nothing(&self) -> bool {
+        self.slots.iter().all(|s| {
+            s.source
+                .content
+                .as_ref()
+                .is_some_and(|c| c.certificates.is_empty() && c.not_ca.is_empty())
+        })
+    }
+
+    /// The state of a `--manage` file whose sources hold no certificate.
+    fn nothing_to_keep(&mut self, on_disk: &OnDisk) {
+        let why = "its sources hold no certificate: the file is neither created nor emptied";
+        match on_disk {
+            OnDisk::Missing => {
+                self.pending_since = None;
+                self.publish(Seen::Missing, Some(true), None);
+                self.status.nothing_to_keep = true;
+                self.status.file_problem = Some(format!("not created: {why}"));
+            }
+            _ => {
+                let problem = format!("not known: {why}; the file there is left as it is");
+                self.publish(on_disk.into(), None, Some(problem));
+            }
+        }
+    }
+
     /// Keeps the state of the file for the loop to publish (health, metrics, systemd).
     fn publish(&mut self, seen: Seen, in_sync: Option<bool>, sync_problem: Option<String>) {
         let now = OffsetDateTime::now_utc().unix_timestamp();
@@ -674,6 +714,7 @@ impl Managed {
             file_watch: None,
             kubelet: None,
             others: Vec::new(),
+            nothing_to_keep: false,
         };
         self.status = status;
     }

@@ -29,6 +29,7 @@ use reconciler::{Inputs, Reconciler};
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     crate::server::endpoint::check_listen(&args.server)?;
+    args.common.check_managed_paths().map_err(UsageError)?;
     if let Some(command) = &args.common.exec_on_change {
         crate::exec::check(&command.0).map_err(UsageError)?;
     }
@@ -47,6 +48,9 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
         sources = %args.common.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
         "starting"
     );
+    for manage in &args.common.manage {
+        tracing::info!(file = %manage.path.display(), sources = %manage.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","), "also managing");
+    }
     let metrics = Arc::new(Metrics::default());
     let (status_tx, status_rx) = watch::channel(Arc::default());
     let (liveness, pongs) = server::liveness();
@@ -57,7 +61,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     // kubelet has not bootstrapped yet), half written or refused, they hold back the
     // cluster sources only, never the file on disk or the endpoint.
     let webhooks = args.server.authentication_token_webhook || args.server.authorization_webhook;
-    let credentials = if webhooks || args.common.sources.iter().any(|s| s.is_cluster()) {
+    let sources = args.common.all_sources();
+    let credentials = if webhooks || sources.iter().any(|s| s.is_cluster()) {
         let origin = Origin::resolve(args.common.kubeconfig.as_deref()).map_err(UsageError)?;
         Some(Credentials::follow(origin))
     } else {
@@ -77,7 +82,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
 
     // A directory that does not exist at start is a configuration error; later, one that
     // goes away is watched for until it is back.
-    let plan = files::Plan::new(Some(&args.common.bundle), &args.common.sources)
+    let plan = files::Plan::new(&args.common.managed_paths(), &sources)
         .with_tls_files(&endpoint.tls_files());
     for (dir, role) in plan.dirs() {
         if !dir.is_dir() {
@@ -96,7 +101,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     reconciler.start();
 
     if let Some(credentials) = &credentials {
-        cluster::watch_sources(credentials, &args.common.sources, &update_tx);
+        cluster::watch_sources(credentials, &sources, &update_tx);
     }
     drop(update_tx);
 

@@ -24,6 +24,7 @@ use crate::kubelet_config;
 use crate::metrics::{Metrics, RecordLabels};
 use crate::server::Pongs;
 use crate::source::cluster::Update;
+use crate::state::Book;
 use crate::status::Status;
 use crate::systemd::Notifier;
 use crate::target::Target;
@@ -234,7 +235,6 @@ impl Reconciler {
         status: watch::Sender<Arc<Status>>,
     ) -> Self {
         metrics.init_records();
-        let failures = metrics.clone();
         let hooks = common.exec_on_change.clone().map(|command| {
             let failures = metrics.clone();
             Hooks::start(
@@ -246,17 +246,44 @@ impl Reconciler {
                 },
             )
         });
-        let target = Target::new(common).with_background_records(move |record| {
-            failures
-                .state_errors
-                .get_or_create(&RecordLabels {
-                    record: record.to_string(),
-                })
-                .inc();
-        });
-        let bundle = Managed::new(target, &common.sources, 0, common.policy(), hooks, metrics);
+        // One book of managed-files.json for every file; each file's records on a thread
+        // of its own.
+        let book = Book::open(&common.state_dir, &common.managed_paths());
+        let target = |path: &std::path::Path| {
+            let failures = metrics.clone();
+            Target::for_file(common, path, book.clone()).with_background_records(move |record| {
+                failures
+                    .state_errors
+                    .get_or_create(&RecordLabels {
+                        record: record.to_string(),
+                    })
+                    .inc();
+            })
+        };
+        let mut files = vec![Managed::new(
+            true,
+            target(&common.bundle),
+            &common.sources,
+            0,
+            common.policy(),
+            hooks,
+            metrics.clone(),
+        )];
+        let mut first = common.sources.len();
+        for manage in &common.manage {
+            files.push(Managed::new(
+                false,
+                target(&manage.path),
+                &manage.sources,
+                first,
+                common.policy(),
+                None,
+                metrics.clone(),
+            ));
+            first += manage.sources.len();
+        }
         Reconciler {
-            files: vec![bundle],
+            files,
             verify_at: Instant::now() + VERIFY_EVERY,
             file_watch: Some("not started yet".to_string()),
             kubelet: kubelet_config::Reader::new(
@@ -389,9 +416,10 @@ impl Reconciler {
     fn on_file_event(&mut self, event: FsEvent) -> bool {
         let at = Instant::now();
         match event {
-            FsEvent::Bundle => {
-                let bundle = &mut self.files[0];
-                bundle.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+            FsEvent::Bundle(index) => {
+                if let Some(file) = self.files.get_mut(index) {
+                    file.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                }
             }
             FsEvent::Rescan => {
                 tracing::info!("looking at the managed files and the local sources again");

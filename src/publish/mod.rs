@@ -271,7 +271,7 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
     let tls_files = endpoint.tls_files();
     let mut _fs_events = None;
     if let Some(tls_events) = endpoint.reload_tls(status_rx.clone()) {
-        let plan = crate::files::Plan::new(None, &[]).with_tls_files(&tls_files);
+        let plan = crate::files::Plan::new(&[], &[]).with_tls_files(&tls_files);
         let (fs_tx, fs_rx) = mpsc::unbounded_channel();
         tokio::spawn(crate::files::run(plan, fs_tx, Some(tls_events)));
         _fs_events = Some(fs_rx);
@@ -740,6 +740,7 @@ impl Publisher {
             file_watch: None,
             kubelet: None,
             others: Vec::new(),
+            nothing_to_keep: false,
         };
         self.status.send_replace(Arc::new(status));
     }

@@ -1,0 +1,271 @@
+//! Several managed files in one agent (issue 19, SPEC 4b), through the real binary: each
+//! `--manage` file is written, rotated, repaired and recorded as the bundle is, from
+//! sources of its own; a bad update to one file's sources holds back that file alone; and
+//! `READY=1`'s file, the bundle, never waits for another.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::daemon::{Agent, samples, wait_until};
+use common::pki::{Algorithm, Signer};
+use common::{Node, sha256_hex};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The line of `/readyz?verbose` about `check`.
+fn check_line(verbose: &str, check: &str) -> String {
+    verbose
+        .lines()
+        .find(|l| {
+            l.get(3..)
+                .is_some_and(|l| l.starts_with(&format!("{check} ")))
+        })
+        .unwrap_or_else(|| panic!("no {check} line in {verbose}"))
+        .to_string()
+}
+
+fn verbose(agent: &Agent) -> String {
+    agent.get("/readyz?verbose").unwrap_or_default().1
+}
+
+/// A node with a bundle source and a cloud CA file managed from a source of its own.
+struct Cloud {
+    node: Node,
+    bundle_source: String,
+    cloud_source: String,
+    cloud: PathBuf,
+}
+
+impl Cloud {
+    fn new(bundle_pem: &str, cloud_pem: &str) -> Cloud {
+        let node = Node::new();
+        let bundle_source = node.source("kubelet-signers.pem", bundle_pem);
+        let cloud_source = node.source("cloud-ca.pem", cloud_pem);
+        let cloud = node
+            .root()
+            .join("etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem");
+        fs::create_dir_all(cloud.parent().unwrap()).unwrap();
+        Cloud {
+            node,
+            bundle_source,
+            cloud_source,
+            cloud,
+        }
+    }
+
+    fn manage(&self) -> String {
+        format!("{}={}", self.cloud.display(), self.cloud_source)
+    }
+
+    fn start(&self) -> Agent {
+        let manage = self.manage();
+        Agent::start(&self.node, &[&self.bundle_source], &["--manage", &manage])
+    }
+
+    fn holds(&self, content: &str) -> bool {
+        fs::read(&self.cloud).is_ok_and(|b| b == content.as_bytes())
+    }
+
+    fn write_source(&self, name: &str, content: &str) {
+        let path = self.node.root().join("sources").join(name);
+        let temp = path.with_extension("tmp");
+        fs::write(&temp, content).unwrap();
+        fs::rename(&temp, &path).unwrap();
+    }
+}
+
+fn history_dirs(state: &Path) -> Vec<PathBuf> {
+    fs::read_dir(state.join("files"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_managed_file_is_written_rotated_repaired_and_recorded_apart_from_the_bundle() {
+    let (kubelet, cloud_old, cloud_new) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("cloud-ca-old", Algorithm::P256),
+        Signer::new("cloud-ca-new", Algorithm::P384),
+    );
+    let node = Cloud::new(&kubelet.pem(), &cloud_old.pem());
+    let agent = node.start();
+    wait_until(10 * SECOND, || {
+        node.node.holds(kubelet.pem()) && node.holds(&cloud_old.pem())
+    });
+    let mode = fs::metadata(&node.cloud).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o7777,
+        0o644
+    );
+
+    // Health and metrics name the file.
+    let cloud = node.cloud.display().to_string();
+    wait_until(10 * SECOND, || {
+        verbose(&agent).contains(&format!("[+]in-sync:{cloud} ok"))
+    });
+    let page = verbose(&agent);
+    assert!(
+        check_line(&page, &format!("bundle-valid:{cloud}")).starts_with("[+]"),
+        "{page}"
+    );
+    assert!(
+        check_line(&page, &format!("source:{}", node.cloud_source)).starts_with("[+]"),
+        "{page}"
+    );
+    agent.wait_sample(
+        10 * SECOND,
+        "kubelet_ca_bundle_in_sync",
+        &[("filepath", &cloud)],
+        |v| v == 1.0,
+    );
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    let expiry = samples(&metrics, "x509_cert_not_after");
+    assert!(
+        expiry
+            .iter()
+            .any(|s| s.has(&[("filepath", &cloud), ("subject_CN", "cloud-ca-old")])),
+        "{metrics}"
+    );
+    assert!(
+        !expiry
+            .iter()
+            .any(|s| s.has(&[("filepath", &cloud), ("subject_CN", "kubelet-signer")])),
+        "the bundle's signer counted in the cloud file: {metrics}"
+    );
+
+    // A rotation of the cloud CA reaches its file alone.
+    let bundle_before = node.node.read_bundle();
+    node.write_source("cloud-ca.pem", &cloud_new.pem());
+    wait_until(10 * SECOND, || node.holds(&cloud_new.pem()));
+    assert_eq!(node.node.read_bundle(), bundle_before);
+
+    // A hand edit is put back.
+    fs::write(&node.cloud, "hand edit\n").unwrap();
+    wait_until(10 * SECOND, || node.holds(&cloud_new.pem()));
+    agent.wait_sample(
+        10 * SECOND,
+        "kubelet_ca_repairs_total",
+        &[("filepath", &cloud)],
+        |v| v == 1.0,
+    );
+
+    // Its history is its own, beside the bundle's.
+    let dirs = history_dirs(&node.node.state_dir());
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("ca-bundle.pem-"), "{name}");
+    let kept: Vec<Vec<u8>> = fs::read_dir(dirs[0].join("history"))
+        .unwrap()
+        .flatten()
+        .map(|e| fs::read(e.path()).unwrap())
+        .collect();
+    assert_eq!(kept, [cloud_old.pem().into_bytes()]);
+
+    // managed-files.json lists both, each with its content's SHA-256.
+    let managed = node.node.state_dir().join("managed-files.json");
+    wait_until(10 * SECOND, || {
+        fs::read_to_string(&managed)
+            .is_ok_and(|j| j.contains(&sha256_hex(cloud_new.pem().as_bytes())))
+    });
+    let json: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&managed).unwrap()).unwrap();
+    let files: Vec<(String, String)> = json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_string(),
+                f["sha256"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut expected = vec![
+        (
+            node.node.bundle().display().to_string(),
+            sha256_hex(&node.node.read_bundle()),
+        ),
+        (cloud.clone(), sha256_hex(cloud_new.pem().as_bytes())),
+    ];
+    expected.sort();
+    assert_eq!(files, expected);
+}
+
+#[test]
+fn a_bad_update_to_one_files_sources_holds_back_that_file_alone() {
+    let (kubelet, kubelet_next, cloud_ca) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("kubelet-signer-next", Algorithm::P256),
+        Signer::new("cloud-ca", Algorithm::P256),
+    );
+    let node = Cloud::new(&kubelet.pem(), &cloud_ca.pem());
+    let agent = node.start();
+    wait_until(10 * SECOND, || {
+        node.node.holds(kubelet.pem()) && node.holds(&cloud_ca.pem())
+    });
+
+    // A private key pasted into the cloud CA's source: refused for that file alone.
+    node.write_source(
+        "cloud-ca.pem",
+        &format!("{}{}", cloud_ca.pem(), cloud_ca.key_pem()),
+    );
+    let source = format!("source:{}", node.cloud_source);
+    wait_until(10 * SECOND, || {
+        verbose(&agent)
+            .lines()
+            .any(|l| l.starts_with(&format!("[-]{source} ")))
+    });
+    let page = verbose(&agent);
+    assert!(check_line(&page, &source).contains("private key"), "{page}");
+    assert!(node.holds(&cloud_ca.pem()), "the cloud file was touched");
+
+    // The bundle still rotates.
+    let both = format!("{}{}", kubelet.pem(), kubelet_next.pem());
+    node.write_source("kubelet-signers.pem", &both);
+    wait_until(10 * SECOND, || node.node.holds(&both));
+    assert!(node.holds(&cloud_ca.pem()));
+    // The last good content stays in sync: readiness holds.
+    assert_eq!(agent.get("/readyz").map(|r| r.0), Some(200));
+}
+
+#[test]
+fn two_sets_of_sources_for_one_file_are_refused_at_start() {
+    let node = Node::new();
+    let source = node.source("a.pem", Signer::new("a", Algorithm::P256).pem());
+    let bundle = node.bundle().display().to_string();
+    let out = node
+        .command("run")
+        .args([
+            "--source",
+            &source,
+            "--manage",
+            &format!("{bundle}={source}"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("already managed (--bundle)"),
+        "{}",
+        common::stderr(&out)
+    );
+}
+
+#[test]
+fn a_manage_flag_without_sources_is_a_usage_error_naming_the_form() {
+    let node = Node::new();
+    let out = node
+        .command("run")
+        .args(["--manage", "/etc/pki/cloud.pem"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        common::stderr(&out).contains("PATH=SPEC"),
+        "{}",
+        common::stderr(&out)
+    );
+}
