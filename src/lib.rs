@@ -16,6 +16,7 @@ pub mod kubelet_config;
 pub mod logging;
 pub mod metrics;
 pub mod publish;
+pub mod registry;
 pub mod running;
 pub mod runtime;
 pub mod server;

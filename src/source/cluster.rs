@@ -1,10 +1,15 @@
 //! Cluster sources, read through kube-rs: a ConfigMap (one key, or every key of `data` and
-//! `binaryData`) and a ControllerConfig's `spec.kubeAPIServerServingCAData` (base64).
+//! `binaryData`) and a field of a ControllerConfig's `spec` (base64 of PEM, or a registry
+//! list handed raw to its reader).
 //!
-//! Each source has one long-lived watch on the single named object (field selector
-//! `metadata.name`, so RBAC by resourceNames is enough): list once, then watch with bookmarks,
-//! resume from the last resourceVersion after a disconnect, list again after `410 Gone`, and
-//! back off with jitter (up to 30 s) between failures. In steady state it makes no list.
+//! Each object that sources read has one long-lived watch, shared by every spec that reads
+//! it (several fields of a ControllerConfig, several keys of a ConfigMap: SPEC 4b, one watch
+//! per object). It watches the single named object (field selector `metadata.name`, so RBAC
+//! by resourceNames is enough): list once, then watch with bookmarks, resume from the last
+//! resourceVersion after a disconnect, list again after `410 Gone`, and back off with jitter
+//! (up to 30 s) between failures. In steady state it makes no list. Each state of the object
+//! becomes one update per spec, with that spec's own content or its own error: a bad field
+//! for one spec does not fail the others.
 //!
 //! The loop is written here rather than taken from kube-runtime's `watcher` because the
 //! watcher hides what tells a live watch from a dead one: it swallows bookmarks and the
@@ -14,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -27,12 +33,9 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Keys, SourceError, SourceSpec, parse_parts};
+use super::{DEFAULT_CONTROLLERCONFIG_FIELD, Keys, SourceError, SourceSpec, parse_parts};
 use crate::bundle::SourceCertificates;
 use crate::credentials::{Credentials, Current};
-
-/// The ControllerConfig field that carries the bundle, base64 of PEM.
-pub const CONTROLLERCONFIG_FIELD: &str = "kubeAPIServerServingCAData";
 
 fn controllerconfig_resource() -> ApiResource {
     ApiResource {
@@ -66,7 +69,8 @@ pub const WATCH_TIMEOUT_SECONDS: u32 = 100;
 /// One update from a source, for the reconciliation loop.
 #[derive(Debug)]
 pub struct Update {
-    /// Position of the source in `--source` order.
+    /// Position of the source in the list the watches were started for (`--source` order,
+    /// or the sources of every managed file, flattened).
     pub index: usize,
     pub event: SourceEvent,
     /// When the update arrived (for a cluster source, the watch event or list answer as it
@@ -123,38 +127,137 @@ pub fn configmap_parts<'a>(
     }
 }
 
-/// The PEM bundle a ControllerConfig carries, decoded from base64.
-pub fn controllerconfig_bundle(spec: &str, object: &DynamicObject) -> Result<Vec<u8>, SourceError> {
+/// One cluster object that sources read: every spec of the same object shares its watch and
+/// its read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClusterObject {
+    ConfigMap { namespace: String, name: String },
+    ControllerConfig { name: String },
+}
+
+impl ClusterObject {
+    /// The object `spec` reads; `None` for a local source.
+    pub fn of(spec: &SourceSpec) -> Option<ClusterObject> {
+        match spec {
+            SourceSpec::ConfigMap {
+                namespace, name, ..
+            } => Some(ClusterObject::ConfigMap {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            }),
+            SourceSpec::ControllerConfig { name, .. } => {
+                Some(ClusterObject::ControllerConfig { name: name.clone() })
+            }
+            SourceSpec::File(_) | SourceSpec::Dir(_) => None,
+        }
+    }
+}
+
+/// The cluster sources among `sources`, grouped by the object they read, in order of first
+/// appearance: each object with the positions in `sources` of the specs that read it.
+pub fn by_object(sources: &[SourceSpec]) -> Vec<(ClusterObject, Vec<usize>)> {
+    let mut objects: Vec<(ClusterObject, Vec<usize>)> = Vec::new();
+    for (index, spec) in sources.iter().enumerate() {
+        let Some(object) = ClusterObject::of(spec) else {
+            continue;
+        };
+        match objects.iter_mut().find(|(o, _)| *o == object) {
+            Some((_, indices)) => indices.push(index),
+            None => objects.push((object, vec![index])),
+        }
+    }
+    objects
+}
+
+/// What one spec reads of its object's current state, for a content function to make into
+/// what the spec's user needs: a PEM bundle ([`bundle_content`]), or the entries of a
+/// registry set, which the registry module reads from the raw JSON of a list field.
+#[derive(Debug, Clone, Copy)]
+pub enum Raw<'a> {
+    /// The whole ConfigMap: the spec says which keys it takes ([`configmap_parts`]).
+    ConfigMap(&'a ConfigMap),
+    /// The spec's field of the ControllerConfig's `spec`, as JSON; `None` when the object has
+    /// no such field.
+    Field(Option<&'a serde_json::Value>),
+}
+
+/// The field `field` of a ControllerConfig's `spec`, as JSON; `None` when it is not there.
+pub fn controllerconfig_field<'a>(
+    object: &'a DynamicObject,
+    field: &str,
+) -> Option<&'a serde_json::Value> {
+    object.data.get("spec").and_then(|s| s.get(field))
+}
+
+/// The content of a spec that feeds one PEM file (`--source`, `--manage`): its certificates,
+/// validated as one source (SPEC 4).
+///
+/// A ControllerConfig field other than [`DEFAULT_CONTROLLERCONFIG_FIELD`] that holds nothing
+/// (absent, `null`, or blank: see [`controllerconfig_bundle`]) is valid content with no
+/// certificate, not a failure: `cloudProviderCAData` is `null` on most platforms, and a
+/// source reported down for it would be down for good on every node of such a cluster. Its
+/// user keeps the file as it is then: a managed file whose sources hold no certificate is
+/// neither created nor emptied (SPEC 4b).
+pub fn bundle_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<SourceCertificates, SourceError> {
+    let name = spec.to_string();
+    match (spec, raw) {
+        (SourceSpec::ConfigMap { keys, .. }, Raw::ConfigMap(configmap)) => {
+            parse_parts(&name, configmap_parts(&name, configmap, keys)?)
+        }
+        (SourceSpec::ControllerConfig { field, .. }, Raw::Field(value)) => {
+            match controllerconfig_bundle(&name, field, value)? {
+                Some(bundle) => parse_parts(&name, [(None, bundle.as_slice())]),
+                None => Ok(SourceCertificates::default()),
+            }
+        }
+        _ => panic!("bundle_content: {name} does not read {raw:?}"),
+    }
+}
+
+/// The PEM bundle a ControllerConfig field carries, decoded from base64: `None` when the
+/// field holds nothing, that is when it is absent, `null` (how the API writes an empty
+/// `[]byte` field such as `cloudProviderCAData`), or blank once decoded (the upstream writer
+/// renders an empty CA as a lone newline).
+///
+/// [`DEFAULT_CONTROLLERCONFIG_FIELD`], which the API requires and the kubelet's bundle is made
+/// of, never holds nothing: absent it is an error (`missing_field`), and `null` or blank it
+/// comes back as empty bytes, which the parser rejects as holding no certificate (SPEC 4.2),
+/// as before fields could be named. A registry list is never a bundle (`not_a_bundle`).
+pub fn controllerconfig_bundle(
+    spec: &str,
+    field: &str,
+    value: Option<&serde_json::Value>,
+) -> Result<Option<Vec<u8>>, SourceError> {
     let invalid = |reason, problem: String| SourceError::Invalid {
         spec: spec.to_string(),
         reason,
         problem,
     };
-    let field = object
-        .data
-        .get("spec")
-        .and_then(|s| s.get(CONTROLLERCONFIG_FIELD))
-        .ok_or_else(|| {
-            invalid(
-                "missing_field",
-                format!("spec.{CONTROLLERCONFIG_FIELD} is not set"),
-            )
-        })?;
-    let text = field.as_str().ok_or_else(|| {
-        invalid(
-            "bad_base64",
-            format!("spec.{CONTROLLERCONFIG_FIELD} is not a string"),
-        )
-    })?;
-    let compact: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(compact)
-        .map_err(|_| {
-            invalid(
+    if super::REGISTRY_LIST_FIELDS.contains(&field) {
+        return Err(invalid("not_a_bundle", super::not_a_bundle(field)));
+    }
+    let required = field == DEFAULT_CONTROLLERCONFIG_FIELD;
+    let text = match value {
+        None if required => {
+            return Err(invalid("missing_field", format!("spec.{field} is not set")));
+        }
+        None | Some(serde_json::Value::Null) => "",
+        Some(serde_json::Value::String(text)) => text,
+        Some(_) => {
+            return Err(invalid(
                 "bad_base64",
-                format!("spec.{CONTROLLERCONFIG_FIELD} is not valid base64"),
-            )
-        })
+                format!("spec.{field} is not a string (base64 of a PEM bundle)"),
+            ));
+        }
+    };
+    let compact: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    let bundle = base64::engine::general_purpose::STANDARD
+        .decode(compact)
+        .map_err(|_| invalid("bad_base64", format!("spec.{field} is not valid base64")))?;
+    if !required && bundle.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    Ok(Some(bundle))
 }
 
 /// What went wrong with a request to `server`: the API server's answer, or what kept the
@@ -363,31 +466,88 @@ async fn within<T>(
     }
 }
 
-/// Reads a cluster source once (for `sync`): one list of the named object, with a deadline.
+/// Reads a cluster source once (for `sync` and `publish --once`): one list of the named
+/// object, with a deadline.
 pub async fn read_once(
     client: &Client,
     server: &str,
     spec: &SourceSpec,
 ) -> Result<SourceCertificates, SourceError> {
-    let name = spec.to_string();
+    let read = read_sources(client, server, std::slice::from_ref(spec), bundle_content).await;
+    match read.into_iter().next().flatten() {
+        Some(answer) => answer,
+        None => panic!("cluster::read_once called for local source {spec}"),
+    }
+}
+
+/// Reads every cluster source among `sources` once, with one list (with a deadline) per
+/// object, whatever the number of specs that read it, and makes each spec's content with
+/// `content` ([`bundle_content`] for PEM files). One answer per source, in order: `None` for
+/// a local source. A failure to read an object is each of its specs' failure.
+pub async fn read_sources<T: Clone>(
+    client: &Client,
+    server: &str,
+    sources: &[SourceSpec],
+    content: impl Fn(&SourceSpec, Raw<'_>) -> Result<T, SourceError>,
+) -> Vec<Option<Result<T, SourceError>>> {
+    let mut answers: Vec<Option<Result<T, SourceError>>> = sources.iter().map(|_| None).collect();
+    for (object, indices) in by_object(sources) {
+        let specs: Vec<SourceSpec> = indices.iter().map(|&i| sources[i].clone()).collect();
+        let label = specs[0].to_string();
+        let read = match &object {
+            ClusterObject::ConfigMap { namespace, name } => {
+                let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+                list_one(api, server, name, &label)
+                    .await
+                    .map(|cm| each_spec(&specs, &content, |_| Raw::ConfigMap(&cm)))
+            }
+            ClusterObject::ControllerConfig { name } => {
+                let api: Api<DynamicObject> =
+                    Api::all_with(client.clone(), &controllerconfig_resource());
+                list_one(api, server, name, &label)
+                    .await
+                    .map(|cc| each_spec(&specs, &content, |spec| field_of(&cc, spec)))
+            }
+        };
+        let results = match read {
+            Ok(results) => results,
+            Err(error) => specs
+                .iter()
+                .map(|spec| Err(error.for_spec(&spec.to_string())))
+                .collect(),
+        };
+        for (index, result) in indices.into_iter().zip(results) {
+            answers[index] = Some(result);
+        }
+    }
+    answers
+}
+
+/// What each of `specs` makes of one state of their object, `raw` giving each its part. A
+/// spec listed twice (the same source of two files) is read once.
+fn each_spec<'a, T: Clone>(
+    specs: &[SourceSpec],
+    content: &impl Fn(&SourceSpec, Raw<'_>) -> Result<T, SourceError>,
+    raw: impl Fn(&SourceSpec) -> Raw<'a>,
+) -> Vec<Result<T, SourceError>> {
+    let mut results: Vec<Result<T, SourceError>> = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let result = match specs[..i].iter().position(|earlier| earlier == spec) {
+            Some(same) => results[same].clone(),
+            None => content(spec, raw(spec)),
+        };
+        results.push(result);
+    }
+    results
+}
+
+/// The part of a ControllerConfig that `spec` reads: its field.
+fn field_of<'a>(object: &'a DynamicObject, spec: &SourceSpec) -> Raw<'a> {
     match spec {
-        SourceSpec::ConfigMap {
-            namespace,
-            name: object,
-            keys,
-        } => {
-            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-            let configmap = list_one(api, server, object, &name).await?;
-            parse_parts(&name, configmap_parts(&name, &configmap, keys)?)
+        SourceSpec::ControllerConfig { field, .. } => {
+            Raw::Field(controllerconfig_field(object, field))
         }
-        SourceSpec::ControllerConfig { name: object } => {
-            let api: Api<DynamicObject> =
-                Api::all_with(client.clone(), &controllerconfig_resource());
-            let bundle =
-                controllerconfig_bundle(&name, &list_one(api, server, object, &name).await?)?;
-            parse_parts(&name, [(None, bundle.as_slice())])
-        }
-        _ => panic!("cluster::read_once called for local source {name}"),
+        _ => Raw::Field(None),
     }
 }
 
@@ -408,53 +568,83 @@ where
     })
 }
 
-/// Starts a watch of each cluster source among `sources`, each sending its changes with its
-/// position in `sources`.
+/// Starts one watch per object that the cluster sources among `sources` read, each sending
+/// every spec of its object its changes with the spec's position in `sources`: the
+/// certificates of a PEM source ([`bundle_content`]).
 pub fn watch_sources(
     credentials: &Credentials,
     sources: &[SourceSpec],
     updates: &UnboundedSender<Update>,
 ) {
-    for (index, spec) in sources.iter().enumerate().filter(|(_, s)| s.is_cluster()) {
-        tokio::spawn(watch(
+    let updates = updates.clone();
+    watch_objects(
+        credentials,
+        sources,
+        bundle_content,
+        move |index, event, at| {
+            let _ = updates.send(Update { index, event, at });
+        },
+    );
+}
+
+/// Starts one watch per object that the cluster sources among `sources` read (SPEC 4b: one
+/// watch per object, whatever the number of fields or keys used). Each state of an object
+/// becomes one event per spec that reads it, made by `content` from that spec's part
+/// ([`Raw`]) and given to `send` with the spec's position in `sources`: a spec's bad content
+/// is its own failure, and the others' content still goes out. Failures of the watch, and the
+/// object's absence, go to every one of its specs, each under its own name.
+pub fn watch_objects<T, C, S>(
+    credentials: &Credentials,
+    sources: &[SourceSpec],
+    content: C,
+    send: S,
+) where
+    T: Clone + Send + 'static,
+    C: Fn(&SourceSpec, Raw<'_>) -> Result<T, SourceError> + Send + Sync + 'static,
+    S: Fn(usize, Event<T>, Instant) + Send + Sync + 'static,
+{
+    let (content, send) = (Arc::new(content), Arc::new(send));
+    for (object, indices) in by_object(sources) {
+        let specs = indices.iter().map(|&i| sources[i].clone()).collect();
+        tokio::spawn(watch_object(
             credentials.clone(),
-            index,
-            spec.clone(),
-            updates.clone(),
+            object,
+            indices,
+            specs,
+            content.clone(),
+            send.clone(),
         ));
     }
 }
 
-/// Watches one cluster source for as long as the process runs, sending every change.
-pub async fn watch(
+/// Watches one object for as long as the process runs, for `specs` (at `indices` of the
+/// caller's list), sending every change.
+async fn watch_object<T, C, S>(
     credentials: Credentials,
-    index: usize,
-    spec: SourceSpec,
-    updates: UnboundedSender<Update>,
-) {
-    let name = spec.to_string();
-    let send = |event, at| {
-        let _ = updates.send(Update { index, event, at });
-    };
-    match &spec {
-        SourceSpec::ConfigMap {
-            namespace,
-            name: object,
-            keys,
-        } => {
+    object: ClusterObject,
+    indices: Vec<usize>,
+    specs: Vec<SourceSpec>,
+    content: Arc<C>,
+    send: Arc<S>,
+) where
+    T: Clone,
+    C: Fn(&SourceSpec, Raw<'_>) -> Result<T, SourceError>,
+    S: Fn(usize, Event<T>, Instant),
+{
+    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+    let send = |i: usize, event, at| send(indices[i], event, at);
+    match &object {
+        ClusterObject::ConfigMap { namespace, name } => {
             let api = |client| Api::<ConfigMap>::namespaced(client, namespace);
-            let content = |cm: &ConfigMap| parse_parts(&name, configmap_parts(&name, cm, keys)?);
-            follow(credentials, api, object, &name, content, send).await;
+            let content = |cm: &ConfigMap| each_spec(&specs, &*content, |_| Raw::ConfigMap(cm));
+            follow(credentials, api, name, &names, content, send).await;
         }
-        SourceSpec::ControllerConfig { name: object } => {
+        ClusterObject::ControllerConfig { name } => {
             let api = |client| Api::<DynamicObject>::all_with(client, &controllerconfig_resource());
-            let content = |cc: &DynamicObject| {
-                let bundle = controllerconfig_bundle(&name, cc)?;
-                parse_parts(&name, [(None, bundle.as_slice())])
-            };
-            follow(credentials, api, object, &name, content, send).await;
+            let content =
+                |cc: &DynamicObject| each_spec(&specs, &*content, |spec| field_of(cc, spec));
+            follow(credentials, api, name, &names, content, send).await;
         }
-        _ => panic!("cluster::watch called for local source {name}"),
     }
 }
 
@@ -470,19 +660,20 @@ pub async fn watch_configmap<T: Clone>(
     send: impl Fn(Event<T>, Instant),
 ) {
     let api = |client| Api::<ConfigMap>::namespaced(client, namespace);
-    follow(credentials, api, name, spec, content, send).await;
+    let content = |cm: &ConfigMap| vec![content(cm)];
+    let send = |_, event, at| send(event, at);
+    follow(credentials, api, name, &[spec.to_string()], content, send).await;
 }
 
 /// The object as last seen, kept to be sent again when a watch opens after a failure.
-enum LastSeen<K, T> {
+enum LastSeen<T> {
     /// It does not exist.
     Missing,
-    /// Its valid content. The certificates are shared with the reconciler's copy, so this
+    /// What each spec made of it: its valid content, or why it is not valid (to be reported
+    /// again as it was). The certificates are shared with the reconciler's copy, so this
     /// costs next to nothing, where keeping the object would hold all of its text (a
     /// ConfigMap of a thousand certificates is over a megabyte) for the life of the watch.
-    Content(T),
-    /// It was not valid: kept whole, so that the same failure is reported again.
-    Invalid(K),
+    Seen(Vec<Result<T, SourceError>>),
 }
 
 /// Where the watch of one object stands.
@@ -500,11 +691,14 @@ enum Phase<K> {
     },
 }
 
-/// The watch loop shared by both kinds of object.
+/// The watch loop shared by both kinds of object, for the specs named `specs` that read it.
 ///
-/// `send` gets each event with the instant its cause arrived (the list answer, the watch
-/// event, the failure), taken before `content` parses the object, so that the sync duration
-/// includes parsing and validation.
+/// `content` makes of each state of the object one result per spec, in the order of
+/// `specs`; `send` gets each spec's event with the spec's position in `specs` and the
+/// instant its cause arrived (the list answer, the watch event, the failure), taken before
+/// `content` parses the object, so that the sync duration includes parsing and validation.
+/// What befalls the object itself (a failed request, its absence) goes to every spec, each
+/// error naming its own spec.
 ///
 /// Every failure is sent as a [`SourceEvent::WatchRestart`] (the source is down, its last
 /// good content stays) and followed by a backoff with jitter: kube-runtime's
@@ -522,44 +716,58 @@ async fn follow<K, T: Clone>(
     mut credentials: Credentials,
     api_for: impl Fn(Client) -> Api<K>,
     object: &str,
-    spec: &str,
-    content: impl Fn(&K) -> Result<T, SourceError>,
-    send: impl Fn(Event<T>, Instant),
+    specs: &[String],
+    content: impl Fn(&K) -> Vec<Result<T, SourceError>>,
+    send: impl Fn(usize, Event<T>, Instant),
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
+    // The loop's own errors are made naming the first spec, and told to each under its name.
+    let spec = specs[0].as_str();
     let list_params = ListParams::default().fields(&selector(object));
     let watch_params = WatchParams::default()
         .fields(&selector(object))
         .timeout(WATCH_TIMEOUT_SECONDS);
     let mut backoff = retry_backoff();
-    let mut current: LastSeen<K, T> = LastSeen::Missing;
+    let mut current: LastSeen<T> = LastSeen::Missing;
     // Whether a failure was reported since the source was last known good.
     let mut down = false;
-    let not_found = || {
-        Event::Failed(SourceError::NotFound {
-            spec: spec.to_string(),
-        })
+    // A failure of the object's reading, to every spec.
+    let fail = |error: &SourceError, event: fn(SourceError) -> Event<T>, at: Instant| {
+        for (i, name) in specs.iter().enumerate() {
+            send(i, event(error.for_spec(name)), at);
+        }
     };
-    // What an object seen now means for the source, and what to keep of it.
-    let seen = |k: Option<K>| match k {
-        Some(k) => match content(&k) {
-            Ok(certificates) => (
-                Event::Content(certificates.clone()),
-                LastSeen::Content(certificates),
-            ),
-            Err(error) => (Event::Failed(error), LastSeen::Invalid(k)),
-        },
-        None => (not_found(), LastSeen::Missing),
+    // The object as last seen, to every spec.
+    let tell = |last: &LastSeen<T>, at: Instant| match last {
+        LastSeen::Missing => {
+            let missing = SourceError::NotFound {
+                spec: spec.to_string(),
+            };
+            fail(&missing, Event::Failed, at);
+        }
+        LastSeen::Seen(results) => {
+            for (i, result) in results.iter().enumerate() {
+                let event = match result {
+                    Ok(content) => Event::Content(content.clone()),
+                    Err(error) => Event::Failed(error.clone()),
+                };
+                send(i, event, at);
+            }
+        }
     };
-    // The object as last seen, again.
-    let state = |last: &LastSeen<K, T>| match last {
-        LastSeen::Content(certificates) => Event::Content(certificates.clone()),
-        LastSeen::Invalid(k) => match content(k) {
-            Ok(certificates) => Event::Content(certificates),
-            Err(error) => Event::Failed(error),
-        },
-        LastSeen::Missing => not_found(),
+    // What an object seen now means for each spec, told and kept.
+    let seen = |k: Option<K>, at: Instant| {
+        let last = match k {
+            Some(k) => {
+                let results = content(&k);
+                debug_assert_eq!(results.len(), specs.len());
+                LastSeen::Seen(results)
+            }
+            None => LastSeen::Missing,
+        };
+        tell(&last, at);
+        last
     };
     let mut phase = Phase::List;
     // When the current watch opened, and when it was last heard from.
@@ -574,7 +782,7 @@ async fn follow<K, T: Clone>(
                     spec: spec.to_string(),
                     problem: creds.why_none(),
                 };
-                send(Event::Failed(error), Instant::now());
+                fail(&error, Event::Failed, Instant::now());
                 down = true;
             }
             credentials.changed().await;
@@ -589,9 +797,7 @@ async fn follow<K, T: Clone>(
                         let arrived = Instant::now();
                         backoff.reset();
                         down = false;
-                        let (event, last) = seen(list.items.into_iter().next());
-                        current = last;
-                        send(event, arrived);
+                        current = seen(list.items.into_iter().next(), arrived);
                         phase = Phase::Watch { rv };
                         continue;
                     }
@@ -610,7 +816,7 @@ async fn follow<K, T: Clone>(
                 match within(spec, server, "watch", api.watch(&watch_params, &rv)).await {
                     Ok(events) => {
                         if std::mem::take(&mut down) {
-                            send(state(&current), Instant::now());
+                            tell(&current, Instant::now());
                         }
                         opened = tokio::time::Instant::now();
                         heard = opened;
@@ -661,9 +867,7 @@ async fn follow<K, T: Clone>(
                     Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
                         backoff.reset();
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
-                        let (event, last) = seen(Some(k));
-                        current = last;
-                        send(event, arrived);
+                        current = seen(Some(k), arrived);
                         phase = Phase::Watching {
                             rv,
                             events,
@@ -674,8 +878,7 @@ async fn follow<K, T: Clone>(
                     Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
                         backoff.reset();
                         let rv = k.meta().resource_version.clone().unwrap_or(rv);
-                        current = LastSeen::Missing;
-                        send(not_found(), arrived);
+                        current = seen(None, arrived);
                         phase = Phase::Watching {
                             rv,
                             events,
@@ -732,7 +935,7 @@ async fn follow<K, T: Clone>(
             credentials.stale();
         }
         let error = with_credentials_hint(failure.error, &creds);
-        send(Event::WatchRestart(error), Instant::now());
+        fail(&error, Event::WatchRestart, Instant::now());
         down = true;
         let delay = backoff.next().unwrap_or(BACKOFF_MAX);
         // New credentials end the wait: they are likely what the failure was waiting for.
@@ -779,6 +982,212 @@ fn retry_backoff() -> DefaultBackoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::test_certs;
+    use serde_json::{Value, json};
+
+    fn spec(text: &str) -> SourceSpec {
+        text.parse().unwrap()
+    }
+
+    /// A ControllerConfig as the API serves it: `spec` as given.
+    fn controllerconfig(spec: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "kind": "ControllerConfig",
+            "metadata": {"name": "machine-config-controller", "resourceVersion": "7"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    fn ca_pem(cn: &str) -> Vec<u8> {
+        let now = test_certs::now();
+        test_certs::ca(Some(cn), None, now - 3600, now + 86400)
+            .pem()
+            .to_vec()
+    }
+
+    #[test]
+    fn specs_of_one_object_are_grouped_whatever_their_field_or_key() {
+        let sources = [
+            spec("controllerconfig:machine-config-controller"),
+            spec("configmap:ns/a/key1"),
+            spec("file:/etc/pki/ca.crt"),
+            spec("controllerconfig:machine-config-controller/cloudProviderCAData"),
+            spec("configmap:ns/a/*"),
+            spec("configmap:other/a/key1"),
+            spec("controllerconfig:other-config"),
+            spec("controllerconfig:machine-config-controller"),
+        ];
+        let grouped: Vec<(String, Vec<usize>)> = by_object(&sources)
+            .into_iter()
+            .map(|(object, indices)| (format!("{object:?}"), indices))
+            .collect();
+        let object = |o: ClusterObject| format!("{o:?}");
+        assert_eq!(
+            grouped,
+            vec![
+                (
+                    object(ClusterObject::ControllerConfig {
+                        name: "machine-config-controller".into()
+                    }),
+                    vec![0, 3, 7]
+                ),
+                (
+                    object(ClusterObject::ConfigMap {
+                        namespace: "ns".into(),
+                        name: "a".into()
+                    }),
+                    vec![1, 4]
+                ),
+                (
+                    object(ClusterObject::ConfigMap {
+                        namespace: "other".into(),
+                        name: "a".into()
+                    }),
+                    vec![5]
+                ),
+                (
+                    object(ClusterObject::ControllerConfig {
+                        name: "other-config".into()
+                    }),
+                    vec![6]
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_optional_field_that_holds_nothing_is_content_without_certificates() {
+        let cloud = spec("controllerconfig:mcc/cloudProviderCAData");
+        for (how, value) in [
+            ("absent", None),
+            ("null", Some(Value::Null)),
+            ("empty", Some(json!(""))),
+            ("a lone newline", Some(json!(b64(b"\n")))),
+        ] {
+            let content = bundle_content(&cloud, Raw::Field(value.as_ref()))
+                .unwrap_or_else(|e| panic!("{how}: {e}"));
+            assert_eq!(content, SourceCertificates::default(), "{how}");
+        }
+        // Text that is not a bundle is still refused.
+        let text = json!(b64(b"not a certificate"));
+        let err = bundle_content(&cloud, Raw::Field(Some(&text))).unwrap_err();
+        assert_eq!(err.reason(), "no_certificate", "{err}");
+    }
+
+    #[test]
+    fn the_default_field_must_hold_a_bundle() {
+        let kubelet = spec("controllerconfig:mcc");
+        let err = bundle_content(&kubelet, Raw::Field(None)).unwrap_err();
+        assert_eq!(err.reason(), "missing_field");
+        assert_eq!(
+            err.to_string(),
+            "source controllerconfig:mcc: spec.kubeAPIServerServingCAData is not set"
+        );
+        for value in [Value::Null, json!(""), json!(b64(b"\n"))] {
+            let err = bundle_content(&kubelet, Raw::Field(Some(&value))).unwrap_err();
+            assert_eq!(err.reason(), "no_certificate", "{value}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_field_that_is_not_a_base64_bundle_is_refused_naming_it() {
+        let cloud = spec("controllerconfig:mcc/cloudProviderCAData");
+        let object = json!({"name": "x"});
+        let err = bundle_content(&cloud, Raw::Field(Some(&object))).unwrap_err();
+        assert_eq!(err.reason(), "bad_base64");
+        assert!(
+            err.to_string()
+                .contains("spec.cloudProviderCAData is not a string"),
+            "{err}"
+        );
+        let garbage = json!("%%% not base64 %%%");
+        let err = bundle_content(&cloud, Raw::Field(Some(&garbage))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "source controllerconfig:mcc/cloudProviderCAData: spec.cloudProviderCAData is not valid base64"
+        );
+        let list =
+            json!([{"file": "registry.example.com..5000", "data": b64(&ca_pem("registry"))}]);
+        for (field, value) in [
+            ("imageRegistryBundleData", Some(&list)),
+            ("imageRegistryBundleUserData", None),
+        ] {
+            let registries = spec(&format!("controllerconfig:mcc/{field}"));
+            let err = bundle_content(&registries, Raw::Field(value)).unwrap_err();
+            assert_eq!(err.reason(), "not_a_bundle");
+            assert!(err.to_string().contains("--manage-registries"), "{err}");
+        }
+    }
+
+    #[test]
+    fn each_spec_of_an_object_gets_its_own_content_or_its_own_error() {
+        let (kube, cloud) = (ca_pem("kube-apiserver-lb-signer"), ca_pem("cloud-ca"));
+        let object = controllerconfig(json!({
+            "kubeAPIServerServingCAData": b64(&kube),
+            "cloudProviderCAData": b64(&cloud),
+            "additionalTrustBundle": "%%%",
+            "imageRegistryBundleData": [{"file": "image-registry.openshift-image-registry.svc..5000", "data": b64(&kube)}],
+            "imageRegistryBundleUserData": null,
+        }));
+        let specs = [
+            spec("controllerconfig:mcc"),
+            spec("controllerconfig:mcc/additionalTrustBundle"),
+            spec("controllerconfig:mcc/cloudProviderCAData"),
+            spec("controllerconfig:mcc/imageRegistryBundleUserData"),
+            spec("controllerconfig:mcc"),
+        ];
+        let results = each_spec(&specs, &bundle_content, |s| field_of(&object, s));
+        let pems: Vec<Result<Vec<u8>, &'static str>> = results
+            .iter()
+            .map(|r| match r {
+                Ok(c) => Ok(c
+                    .certificates
+                    .iter()
+                    .flat_map(|c| c.pem().to_vec())
+                    .collect()),
+                Err(e) => Err(e.reason()),
+            })
+            .collect();
+        assert_eq!(
+            pems,
+            vec![
+                Ok(kube.clone()),
+                Err("bad_base64"),
+                Ok(cloud),
+                Err("not_a_bundle"),
+                Ok(kube)
+            ]
+        );
+        assert_eq!(
+            results[1].as_ref().unwrap_err().spec(),
+            "controllerconfig:mcc/additionalTrustBundle"
+        );
+
+        // A content function of its own gets the raw JSON of a list field.
+        let raw = each_spec(
+            &specs[3..4],
+            &|_: &SourceSpec, raw: Raw<'_>| match raw {
+                Raw::Field(value) => Ok(value.cloned()),
+                Raw::ConfigMap(_) => unreachable!(),
+            },
+            |s| field_of(&object, s),
+        );
+        assert_eq!(raw[0].as_ref().unwrap(), &Some(Value::Null));
+        let registries = spec("controllerconfig:mcc/imageRegistryBundleData");
+        let Raw::Field(Some(list)) = field_of(&object, &registries) else {
+            panic!("no list");
+        };
+        assert_eq!(
+            list[0]["file"],
+            "image-registry.openshift-image-registry.svc..5000"
+        );
+    }
 
     #[test]
     fn retries_are_spread_by_jitter_so_nodes_do_not_come_back_in_step() {

@@ -1,5 +1,5 @@
-//! Where the signer certificates come from: the `--source` grammar (SPEC 3) and the local
-//! sources `file:` and `dir:`. Cluster sources (`configmap:`, `controllerconfig:`) are
+//! Where the signer certificates come from: the `--source` grammar (SPEC 3 and 4b) and the
+//! local sources `file:` and `dir:`. Cluster sources (`configmap:`, `controllerconfig:`) are
 //! parsed and validated here too; reading them lives with the cluster client.
 
 pub mod cluster;
@@ -15,6 +15,16 @@ use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates, parse_sourc
 
 /// The ConfigMap key used when a `configmap:` spec names none.
 pub const DEFAULT_CONFIGMAP_KEY: &str = "ca-bundle.crt";
+
+/// The ControllerConfig field read when a `controllerconfig:` spec names none: the bundle
+/// the kubelet's client CA comes from. The API requires it (every ControllerConfig has it),
+/// so unlike the other fields it may not hold nothing.
+pub const DEFAULT_CONTROLLERCONFIG_FIELD: &str = "kubeAPIServerServingCAData";
+
+/// The ControllerConfig fields that are lists of registry CAs (`[{file, data}]`), not a PEM
+/// bundle: sources of `--manage-registries` only (SPEC 4b).
+pub const REGISTRY_LIST_FIELDS: &[&str] =
+    &["imageRegistryBundleData", "imageRegistryBundleUserData"];
 
 /// Which keys of a ConfigMap make up the source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -33,8 +43,12 @@ pub enum SourceSpec {
         name: String,
         keys: Keys,
     },
+    /// A field of the cluster-scoped ControllerConfig's `spec`: base64 of a PEM bundle, or
+    /// one of the [`REGISTRY_LIST_FIELDS`].
     ControllerConfig {
         name: String,
+        /// As the API names it (`cloudProviderCAData`), without `spec.`.
+        field: String,
     },
     File(PathBuf),
     Dir(PathBuf),
@@ -48,6 +62,33 @@ impl SourceSpec {
             SourceSpec::ConfigMap { .. } | SourceSpec::ControllerConfig { .. }
         )
     }
+
+    /// True for a ControllerConfig field that is a list of registry CAs ([`REGISTRY_LIST_FIELDS`]),
+    /// which feeds `--manage-registries` and cannot be read as a bundle.
+    pub fn is_registry_list(&self) -> bool {
+        matches!(self, SourceSpec::ControllerConfig { field, .. } if REGISTRY_LIST_FIELDS.contains(&field.as_str()))
+    }
+
+    /// Refuses, as a usage error naming the spec, a spec that cannot be the source of one PEM
+    /// file (`--source`, `--manage`): a registry list, whose entries are files of their own.
+    pub fn check_bundle_source(&self) -> Result<(), SpecError> {
+        match self {
+            SourceSpec::ControllerConfig { field, .. } if self.is_registry_list() => {
+                Err(SpecError {
+                    spec: self.to_string(),
+                    problem: not_a_bundle(field),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why a registry list cannot be read as a bundle, and where it belongs instead.
+pub fn not_a_bundle(field: &str) -> String {
+    format!(
+        "spec.{field} is a list of registry CAs ({{file, data}}), not a PEM bundle: it is a source of --manage-registries DIR=SPEC, not of --source or --manage"
+    )
 }
 
 /// Why a `--source` spec does not parse. Always a usage error (exit 2).
@@ -58,8 +99,7 @@ pub struct SpecError {
     pub problem: String,
 }
 
-const SPEC_FORMS: &str =
-    "expected configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME, file:PATH or dir:PATH";
+const SPEC_FORMS: &str = "expected configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME[/FIELD], file:PATH or dir:PATH";
 
 impl FromStr for SourceSpec {
     type Err = SpecError;
@@ -97,13 +137,27 @@ impl FromStr for SourceSpec {
                     keys,
                 })
             }
-            "controllerconfig" if rest.is_empty() => Err(fail(
-                "the ControllerConfig's name is missing: controllerconfig:NAME (usually controllerconfig:machine-config-controller)".to_string(),
-            )),
             "controllerconfig" => {
-                check_dns_subdomain("ControllerConfig name", rest).map_err(&fail)?;
+                let (name, field) = match rest.split_once('/') {
+                    Some((name, field)) => (name, Some(field)),
+                    None => (rest, None),
+                };
+                if name.is_empty() {
+                    return Err(fail(
+                        "the ControllerConfig's name is missing: controllerconfig:NAME[/FIELD] (usually controllerconfig:machine-config-controller)".to_string(),
+                    ));
+                }
+                check_dns_subdomain("ControllerConfig name", name).map_err(&fail)?;
+                let field = match field {
+                    None => DEFAULT_CONTROLLERCONFIG_FIELD,
+                    Some(field) => {
+                        check_controllerconfig_field(field).map_err(&fail)?;
+                        field
+                    }
+                };
                 Ok(SourceSpec::ControllerConfig {
-                    name: rest.to_string(),
+                    name: name.to_string(),
+                    field: field.to_string(),
                 })
             }
             "file" | "dir" if rest.is_empty() => Err(fail(format!("{kind}: needs a path"))),
@@ -133,7 +187,16 @@ impl fmt::Display for SourceSpec {
                 name,
                 keys: Keys::All,
             } => write!(f, "configmap:{namespace}/{name}/*"),
-            SourceSpec::ControllerConfig { name } => write!(f, "controllerconfig:{name}"),
+            // The default field unnamed, so that `controllerconfig:NAME`, the `source` label
+            // of metrics long before fields could be named, stays as it was.
+            SourceSpec::ControllerConfig { name, field }
+                if field == DEFAULT_CONTROLLERCONFIG_FIELD =>
+            {
+                write!(f, "controllerconfig:{name}")
+            }
+            SourceSpec::ControllerConfig { name, field } => {
+                write!(f, "controllerconfig:{name}/{field}")
+            }
             SourceSpec::File(path) => write!(f, "file:{}", path.display()),
             SourceSpec::Dir(path) => write!(f, "dir:{}", path.display()),
         }
@@ -193,6 +256,62 @@ impl SourceError {
             SourceError::NotFound { .. } => "not_found",
             SourceError::Credentials { .. } => "credentials",
         }
+    }
+
+    /// The spec the error names.
+    pub fn spec(&self) -> &str {
+        match self {
+            SourceError::Unreadable { spec, .. }
+            | SourceError::Rejected { spec, .. }
+            | SourceError::Invalid { spec, .. }
+            | SourceError::NotFound { spec }
+            | SourceError::Credentials { spec, .. }
+            | SourceError::Cluster { spec, .. } => spec,
+        }
+    }
+
+    /// The same error, naming `spec`: a failure of an object that several specs read (its
+    /// watch, its absence) is told to each, under its own name.
+    pub fn for_spec(&self, spec: &str) -> SourceError {
+        let spec = spec.to_string();
+        match self {
+            SourceError::Unreadable { path, error, .. } => SourceError::Unreadable {
+                spec,
+                path: path.clone(),
+                // io::Error is not Clone: its kind and text are what a reader sees of it.
+                error: std::io::Error::new(error.kind(), error.to_string()),
+            },
+            SourceError::Rejected {
+                part, rejection, ..
+            } => SourceError::Rejected {
+                spec,
+                part: part.clone(),
+                rejection: rejection.clone(),
+            },
+            SourceError::Invalid {
+                reason, problem, ..
+            } => SourceError::Invalid {
+                spec,
+                reason,
+                problem: problem.clone(),
+            },
+            SourceError::NotFound { .. } => SourceError::NotFound { spec },
+            SourceError::Credentials { problem, .. } => SourceError::Credentials {
+                spec,
+                problem: problem.clone(),
+            },
+            SourceError::Cluster { reason, error, .. } => SourceError::Cluster {
+                spec,
+                reason,
+                error: error.clone(),
+            },
+        }
+    }
+}
+
+impl Clone for SourceError {
+    fn clone(&self) -> SourceError {
+        self.for_spec(self.spec())
     }
 }
 
@@ -307,6 +426,26 @@ fn check_dns_subdomain(what: &str, value: &str) -> Result<(), String> {
     })
 }
 
+/// A ControllerConfig field as the API's JSON names it: letters and digits, starting with a
+/// lower-case letter (`cloudProviderCAData`). One field of `spec`, never a path.
+fn check_controllerconfig_field(field: &str) -> Result<(), String> {
+    if field.is_empty() {
+        return Err("the field is missing after '/': controllerconfig:NAME/FIELD, e.g. controllerconfig:machine-config-controller/cloudProviderCAData".to_string());
+    }
+    let ok = field.starts_with(|c: char| c.is_ascii_lowercase())
+        && field.bytes().all(|b| b.is_ascii_alphanumeric());
+    if ok {
+        return Ok(());
+    }
+    let hint = match field.strip_prefix("spec.") {
+        Some(inner) => format!("; name the field of spec without \"spec.\" ({inner})"),
+        None => String::new(),
+    };
+    Err(format!(
+        "ControllerConfig field {field:?} is not a field name as the API writes it (letters and digits, starting with a lower-case letter, e.g. cloudProviderCAData){hint}"
+    ))
+}
+
 /// ConfigMap keys: `[-._a-zA-Z0-9]+`, at most 253 characters, not `.` or `..`.
 fn check_configmap_key(key: &str) -> Result<(), String> {
     let ok = !key.is_empty()
@@ -332,6 +471,9 @@ mod tests {
             "configmap:kube-system/extension-apiserver-authentication/client-ca-file",
             "configmap:ns/name/*",
             "controllerconfig:machine-config-controller",
+            "controllerconfig:machine-config-controller/cloudProviderCAData",
+            "controllerconfig:machine-config-controller/imageRegistryBundleUserData",
+            "controllerconfig:mcc/additionalTrustBundle",
             "file:/etc/pki/ca.crt",
             "dir:/etc/kubernetes/signers",
         ] {
@@ -361,6 +503,14 @@ mod tests {
                 "controllerconfig:",
                 "the ControllerConfig's name is missing",
             ),
+            (
+                "controllerconfig:/cloudProviderCAData",
+                "the ControllerConfig's name is missing",
+            ),
+            (
+                "controllerconfig:machine-config-controller/",
+                "the field is missing after '/'",
+            ),
         ] {
             let err = spec.parse::<SourceSpec>().unwrap_err();
             assert!(err.problem.starts_with(says), "{spec}: {err}");
@@ -382,6 +532,14 @@ mod tests {
             "configmap:ns/",
             "controllerconfig:",
             "controllerconfig:UPPER",
+            "controllerconfig:UPPER/cloudProviderCAData",
+            "controllerconfig:mcc/",
+            "controllerconfig:mcc/CloudProviderCAData",
+            "controllerconfig:mcc/cloud-provider-ca",
+            "controllerconfig:mcc/cloudProviderCAData/extra",
+            "controllerconfig:mcc/spec.cloudProviderCAData",
+            "controllerconfig:mcc/9field",
+            "controllerconfig:mcc/field_1",
             "file:",
             "dir:",
             "secret:ns/name",
@@ -391,5 +549,102 @@ mod tests {
             assert_eq!(err.spec, bad);
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
+    }
+
+    #[test]
+    fn the_default_controllerconfig_field_is_kube_apiserver_serving_ca_data_and_stays_unnamed() {
+        let implicit: SourceSpec = "controllerconfig:mcc".parse().unwrap();
+        let explicit: SourceSpec = "controllerconfig:mcc/kubeAPIServerServingCAData"
+            .parse()
+            .unwrap();
+        assert_eq!(implicit, explicit);
+        assert_eq!(
+            implicit,
+            SourceSpec::ControllerConfig {
+                name: "mcc".into(),
+                field: DEFAULT_CONTROLLERCONFIG_FIELD.into()
+            }
+        );
+        // The `source` label of metrics that existed before fields could be named.
+        assert_eq!(explicit.to_string(), "controllerconfig:mcc");
+        let cloud: SourceSpec = "controllerconfig:mcc/cloudProviderCAData".parse().unwrap();
+        assert_ne!(cloud, implicit);
+        assert_eq!(
+            cloud,
+            SourceSpec::ControllerConfig {
+                name: "mcc".into(),
+                field: "cloudProviderCAData".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_bad_controllerconfig_field_is_refused_saying_what_a_field_is() {
+        for (spec, says) in [
+            (
+                "controllerconfig:mcc/CloudProviderCAData",
+                "starting with a lower-case letter",
+            ),
+            (
+                "controllerconfig:mcc/cloud-provider-ca",
+                "letters and digits",
+            ),
+            (
+                "controllerconfig:mcc/a/b",
+                "field \"a/b\" is not a field name",
+            ),
+            (
+                "controllerconfig:mcc/spec.cloudProviderCAData",
+                "without \"spec.\" (cloudProviderCAData)",
+            ),
+        ] {
+            let err = spec.parse::<SourceSpec>().unwrap_err();
+            assert!(err.problem.contains(says), "{spec}: {err}");
+            assert!(err.to_string().contains(spec), "{err}");
+        }
+        let err = "nope:x".parse::<SourceSpec>().unwrap_err();
+        assert!(
+            err.problem.contains("controllerconfig:NAME[/FIELD]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_registry_lists_are_told_apart_and_refused_as_a_bundle() {
+        for field in REGISTRY_LIST_FIELDS {
+            let spec: SourceSpec = format!("controllerconfig:mcc/{field}").parse().unwrap();
+            assert!(spec.is_registry_list(), "{spec}");
+            let err = spec.check_bundle_source().unwrap_err();
+            assert_eq!(err.spec, format!("controllerconfig:mcc/{field}"));
+            assert!(err.problem.contains("--manage-registries"), "{err}");
+            assert!(err.problem.contains("not a PEM bundle"), "{err}");
+        }
+        for bundle in [
+            "controllerconfig:mcc",
+            "controllerconfig:mcc/cloudProviderCAData",
+            "configmap:ns/name/*",
+            "dir:/etc/pki/registries",
+        ] {
+            let spec: SourceSpec = bundle.parse().unwrap();
+            assert!(!spec.is_registry_list(), "{spec}");
+            assert_eq!(spec.check_bundle_source(), Ok(()));
+        }
+    }
+
+    #[test]
+    fn an_error_told_to_another_spec_names_that_spec_and_keeps_the_rest() {
+        let error = SourceError::Cluster {
+            spec: "controllerconfig:mcc".into(),
+            reason: "unreachable",
+            error: "https://127.0.0.1:6443: connection refused".into(),
+        };
+        let other = error.for_spec("controllerconfig:mcc/cloudProviderCAData");
+        assert_eq!(other.spec(), "controllerconfig:mcc/cloudProviderCAData");
+        assert_eq!(other.reason(), "unreachable");
+        assert_eq!(
+            other.to_string(),
+            "source controllerconfig:mcc/cloudProviderCAData: https://127.0.0.1:6443: connection refused"
+        );
+        assert_eq!(error.clone().to_string(), error.to_string());
     }
 }

@@ -60,7 +60,13 @@ impl SourceState {
                             .inc_by(count);
                     }
                     super::warn_not_ca(&self.spec, &content);
-                    tracing::info!(source = %self.name, certificates = content.certificates.len(), "source content changed");
+                    if content.certificates.is_empty() && content.not_ca.is_empty() {
+                        // A ControllerConfig field that is empty or absent (the cloud CA on
+                        // most platforms): up, with nothing to give.
+                        tracing::info!(source = %self.name, certificates = 0, "source holds no certificate (its field is empty or absent)");
+                    } else {
+                        tracing::info!(source = %self.name, certificates = content.certificates.len(), "source content changed");
+                    }
                     self.content = Some(content);
                     self.last_change = Some(unix_now());
                 }

@@ -542,6 +542,36 @@ impl ApiServer {
         st.commit(key, Some(obj))
     }
 
+    /// Creates or replaces the ControllerConfig `name` as [`ApiServer::put_controllerconfig`]
+    /// does, then sets each of `fields` of its `spec` to the JSON given, as a real cluster has
+    /// them: base64 strings, `null` for an empty one, the registry lists as
+    /// `[{"file": ..., "data": ...}]`. A field left out keeps the default of a real object
+    /// (`cloudProviderCAData: null`). A replace that changes nothing is a no-op.
+    pub fn put_controllerconfig_spec(&self, name: &str, fields: &[(&str, Value)]) -> u64 {
+        let mut st = self.shared.store();
+        let key = (Res::ControllerConfigs, String::new(), name.to_owned());
+        let prev = st.current.get(&key).cloned();
+        let release = match &prev {
+            Some(p) => str_at(p, "/spec/releaseImage").to_owned(),
+            None => release_image(0),
+        };
+        let ca = fields
+            .iter()
+            .find(|(field, _)| *field == "kubeAPIServerServingCAData")
+            .and_then(|(_, value)| value.as_str())
+            .unwrap_or_default();
+        let mut obj = controllerconfig_object(name, ca, &release, prev.as_deref());
+        for (field, value) in fields {
+            obj["spec"][*field] = value.clone();
+        }
+        if let Some(p) = &prev
+            && p["spec"] == obj["spec"]
+        {
+            return object_rv(p);
+        }
+        st.commit(key, Some(obj))
+    }
+
     pub fn delete_controllerconfig(&self, name: &str) -> u64 {
         self.delete((Res::ControllerConfigs, String::new(), name.to_owned()))
     }
