@@ -93,11 +93,12 @@ pub struct Held {
 /// `sync` that tests the lock holds it for microseconds.
 const CONTENDED: Duration = Duration::from_secs(1);
 
-/// Claims `state_dir` for the running agent managing `bundle`. Another agent running with
+/// Claims `state_dir` for the running agent managing the files at `managed` (the bundle
+/// first). Another agent running with
 /// the same state directory is a configuration error: two agents would undo each other's
 /// writes. A lock that cannot be taken for any other reason (an unwritable state
 /// directory) is logged, and the agent runs without advertising itself.
-pub fn claim(state_dir: &Path, bundle: &Path) -> Result<Option<Held>, UsageError> {
+pub fn claim(state_dir: &Path, managed: &[PathBuf]) -> Result<Option<Held>, UsageError> {
     let path = state_dir.join(LOCK_FILE);
     let unadvertised = |e: &dyn std::fmt::Display| {
         tracing::warn!(lock = %path.display(), error = %e, "cannot hold the lock file that tells sync this agent manages the bundle; a hand-run sync will not know it is undone");
@@ -154,7 +155,7 @@ pub fn claim(state_dir: &Path, bundle: &Path) -> Result<Option<Held>, UsageError
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         started: crate::commands::rfc3339(time::OffsetDateTime::now_utc().unix_timestamp()),
-        managed: vec![ManagedPath::of(bundle)],
+        managed: managed.iter().map(|p| ManagedPath::of(p)).collect(),
     };
     let mut text = serde_json::to_vec_pretty(&claim).expect("a claim serializes");
     text.push(b'\n');
@@ -236,7 +237,9 @@ mod tests {
         let state = dir.path().join("state");
         let bundle = dir.path().join("ca.crt");
         assert_eq!(find(&state).unwrap(), None, "no file");
-        let held = claim(&state, &bundle).unwrap().expect("claimed");
+        let held = claim(&state, std::slice::from_ref(&bundle))
+            .unwrap()
+            .expect("claimed");
         let seen = find(&state).unwrap().expect("held");
         assert_eq!(seen.pid, std::process::id());
         assert!(seen.managed[0].is(&ManagedPath::of(&bundle)));
@@ -248,7 +251,9 @@ mod tests {
         assert!(state.join(LOCK_FILE).exists());
         assert_eq!(find(&state).unwrap(), None, "a stale file claims nothing");
         // And the next agent takes it over.
-        let _again = claim(&state, &bundle).unwrap().expect("claimed again");
+        let _again = claim(&state, std::slice::from_ref(&bundle))
+            .unwrap()
+            .expect("claimed again");
         assert!(find(&state).unwrap().is_some());
     }
 
@@ -256,8 +261,12 @@ mod tests {
     fn a_second_agent_on_the_same_state_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let bundle = dir.path().join("ca.crt");
-        let _held = claim(dir.path(), &bundle).unwrap().expect("claimed");
-        let refused = claim(dir.path(), &bundle).unwrap_err().0;
+        let _held = claim(dir.path(), std::slice::from_ref(&bundle))
+            .unwrap()
+            .expect("claimed");
+        let refused = claim(dir.path(), std::slice::from_ref(&bundle))
+            .unwrap_err()
+            .0;
         assert!(
             refused.contains(&format!("pid {}", std::process::id()))
                 && refused.contains("own --state-dir"),

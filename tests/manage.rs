@@ -269,3 +269,137 @@ fn a_manage_flag_without_sources_is_a_usage_error_naming_the_form() {
         common::stderr(&out)
     );
 }
+
+mod cluster {
+    use base64::Engine;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use common::apiserver::ApiServer;
+
+    const CC: &str = "machine-config-controller";
+    const KUBE: &str = "controllerconfig:machine-config-controller";
+    const CLOUD: &str = "controllerconfig:machine-config-controller/cloudProviderCAData";
+
+    fn b64(pem: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(pem)
+    }
+
+    /// A ControllerConfig's CA fields as a real cluster has them, the cloud CA as given
+    /// (empty on most platforms), the registry lists non-empty.
+    fn fields(kube: &str, cloud: &str, registry: &str) -> Vec<(&'static str, Value)> {
+        vec![
+            ("kubeAPIServerServingCAData", json!(b64(kube))),
+            ("cloudProviderCAData", json!(b64(cloud))),
+            (
+                "imageRegistryBundleData",
+                json!([{"file": "image-registry.openshift-image-registry.svc..5000", "data": b64(registry)}]),
+            ),
+            (
+                "imageRegistryBundleUserData",
+                json!([{"file": "registry.example.com..5000", "data": b64(registry)}]),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_cloud_ca_from_the_controllerconfig_is_kept_when_there_is_one_and_never_created_empty() {
+        let api = ApiServer::start();
+        let (kube, cloud_ca, registry, registry_next) = (
+            Signer::new("kube-apiserver-lb-signer", Algorithm::P256),
+            Signer::new("cloud-provider-ca", Algorithm::P256),
+            Signer::new("registry-ca", Algorithm::P256),
+            Signer::new("registry-ca-next", Algorithm::P256),
+        );
+        api.put_controllerconfig_spec(CC, &fields(&kube.pem(), "", &registry.pem()));
+        let node = Node::new();
+        let cloud = node.root().join("etc/cloud/ca-bundle.pem");
+        fs::create_dir_all(cloud.parent().unwrap()).unwrap();
+        let manage = format!("{}={CLOUD}", cloud.display());
+        let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
+        let agent = Agent::start(
+            &node,
+            &[KUBE],
+            &["--manage", &manage, "--kubeconfig", &kubeconfig],
+        );
+        wait_until(10 * SECOND, || node.holds(kube.pem()));
+
+        // No cloud CA: nothing to keep, nothing created, and nothing wrong.
+        let path = cloud.display().to_string();
+        wait_until(10 * SECOND, || {
+            verbose(&agent).contains(&format!("[+]in-sync:{path} ok"))
+        });
+        assert!(!cloud.exists(), "an empty cloud CA was written");
+        let page = verbose(&agent);
+        assert!(
+            check_line(&page, &format!("bundle-valid:{path}")).starts_with("[+]"),
+            "{page}"
+        );
+        assert!(
+            check_line(&page, &format!("source:{CLOUD}")).starts_with("[+]"),
+            "{page}"
+        );
+        assert_eq!(agent.get("/readyz").map(|r| r.0), Some(200), "{page}");
+
+        // An unrelated field of the object changes: neither file is written.
+        let writes = |file: &str| agent.sample("kubelet_ca_writes_total", &[("filepath", file)]);
+        let bundle = node.bundle().display().to_string();
+        let before = (writes(&bundle), writes(&path));
+        api.put_controllerconfig_spec(CC, &fields(&kube.pem(), "", &registry_next.pem()));
+        std::thread::sleep(SECOND);
+        assert_eq!((writes(&bundle), writes(&path)), before);
+        assert!(!cloud.exists());
+
+        // The platform gets a cloud CA: the file is created, the bundle left as it was.
+        api.put_controllerconfig_spec(
+            CC,
+            &fields(&kube.pem(), &cloud_ca.pem(), &registry_next.pem()),
+        );
+        wait_until(10 * SECOND, || {
+            fs::read(&cloud).is_ok_and(|b| b == cloud_ca.pem().as_bytes())
+        });
+        assert!(node.holds(kube.pem()));
+        assert_eq!(writes(&bundle), before.0);
+
+        // One list and one watch at a time for the object, whatever the fields read.
+        let requests = api.requests();
+        let lists = requests
+            .iter()
+            .filter(|r| r.path.contains("controllerconfigs") && r.is_list())
+            .count();
+        assert_eq!(lists, 1, "one list of the ControllerConfig");
+        assert_eq!(api.open_watches(), 1, "one watch of the ControllerConfig");
+    }
+}
+
+#[test]
+fn sync_writes_every_managed_file_and_a_bad_one_is_left_alone_with_exit_1() {
+    let (kubelet, cloud_ca) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("cloud-ca", Algorithm::P256),
+    );
+    let node = Cloud::new(&kubelet.pem(), &cloud_ca.pem());
+    let manage = node.manage();
+    let out = node
+        .node
+        .sync(&[&node.bundle_source], &["--manage", &manage]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(node.node.holds(kubelet.pem()));
+    assert!(node.holds(&cloud_ca.pem()));
+
+    // A key in the cloud CA's source: that file is left as it was, the bundle still synced.
+    let next = Signer::new("kubelet-signer-next", Algorithm::P256);
+    node.write_source("kubelet-signers.pem", &next.pem());
+    node.write_source(
+        "cloud-ca.pem",
+        &format!("{}{}", cloud_ca.pem(), cloud_ca.key_pem()),
+    );
+    let out = node
+        .node
+        .sync(&[&node.bundle_source], &["--manage", &manage]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(err.contains("private key"), "{err}");
+    assert!(node.node.holds(next.pem()), "the bundle was not synced");
+    assert!(node.holds(&cloud_ca.pem()), "the cloud file was touched");
+}

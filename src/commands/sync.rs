@@ -21,28 +21,89 @@ use crate::credentials::Origin;
 use crate::error::{Exit, UsageError};
 use crate::running::{self, ManagedPath};
 use crate::source::{SourceSpec, cluster, local};
+use crate::state::Book;
 use crate::target::{Target, readable_certificates};
 use crate::text::escape;
 use crate::writer::OnDisk;
 
 pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     let common = &args.common;
+    common.check_managed_paths().map_err(UsageError)?;
     if let Some(command) = &common.exec_on_change {
         crate::exec::check(&command.0).map_err(UsageError)?;
     }
-    let blocked = blocked(&args);
-    if let (Some(blocked), false) = (blocked.as_ref(), args.dry_run) {
+    // Every file, the bundle first: (path, sources, whether it is the bundle).
+    let files: Vec<(&Path, &[SourceSpec], bool)> =
+        std::iter::once((common.bundle.as_path(), common.sources.as_slice(), true))
+            .chain(
+                common
+                    .manage
+                    .iter()
+                    .map(|m| (m.path.as_path(), m.sources.as_slice(), false)),
+            )
+            .collect();
+    let blocked: Vec<Option<Blocked>> = files
+        .iter()
+        .map(|(path, _, _)| blocked(&args, path))
+        .collect();
+    if !args.dry_run
+        && let Some(blocked) = blocked.iter().flatten().next()
+    {
         return Err(blocked.error().into());
     }
-    let now = OffsetDateTime::now_utc();
-    let target = Target::new(common);
+    let cluster = Cluster::connect(common)?;
+    let book = Book::open(&common.state_dir, &common.managed_paths());
+    // A file whose sources cannot be used is left as it was; the others are still synced,
+    // and the run exits 1 with the first such failure.
+    let mut failed = None;
+    for ((path, specs, bundle), blocked) in files.into_iter().zip(blocked) {
+        let target = Target::for_file(common, path, book.clone());
+        match sync_file(&args, &cluster, &target, specs, bundle, blocked) {
+            Ok(()) => {}
+            Err(e) if failed.is_none() => failed = Some(e),
+            Err(e) => tracing::error!("{e:#}"),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(Exit::Success),
+    }
+}
 
-    let sources = read_sources(common)?;
+/// Syncs one managed file from `specs` (a dry run prints its plan instead).
+fn sync_file(
+    args: &SyncArgs,
+    cluster: &Cluster,
+    target: &Target,
+    specs: &[SourceSpec],
+    bundle: bool,
+    blocked: Option<Blocked>,
+) -> anyhow::Result<()> {
+    let common = &args.common;
+    let path = target.path();
+    let now = OffsetDateTime::now_utc();
+    let sources = cluster.read_sources(specs, path)?;
+    if !bundle
+        && sources
+            .iter()
+            .all(|s| s.certificates.is_empty() && s.not_ca.is_empty())
+    {
+        // A --manage file whose sources hold no certificate (a cloud CA on a platform
+        // without one): neither created nor emptied.
+        tracing::info!(file = %path.display(), "its sources hold no certificate: the file is neither created nor emptied");
+        if args.dry_run {
+            print_out(&format!(
+                "{}: its sources hold no certificate; nothing would change\n",
+                escape(&path.display().to_string())
+            ))?;
+        }
+        return Ok(());
+    }
     let on_disk = target.writer().read_current()?;
     let policy = common.policy();
     let previous = target.remembered(on_disk.bytes());
     let built = bundle::build(&sources, &previous, policy, now.unix_timestamp())
-        .with_context(|| format!("{} was left as it was", common.bundle.display()))?;
+        .with_context(|| format!("{} was left as it was", path.display()))?;
     for certificate in &built.retained {
         tracing::info!(subject = %certificate.display_name(), sha256 = %certificate.fingerprint(), "kept although no source carries it (--retain-removed)");
     }
@@ -51,7 +112,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
     if args.dry_run {
         let missing_dir = matches!(blocked, Some(Blocked::Directory(_)));
         print_out(&plan(
-            &common.bundle,
+            path,
             &on_disk,
             &built.bundle,
             &rendered,
@@ -67,18 +128,18 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
                 escape(&blocked.error().to_string())
             );
         }
-        return Ok(Exit::Success);
+        return Ok(());
     }
 
     target.prepare();
     if let OnDisk::Other(kind) = on_disk {
-        tracing::warn!(bundle = %common.bundle.display(), "the bundle path is {kind}; replacing it with a regular file");
+        tracing::warn!(bundle = %path.display(), "the bundle path is {kind}; replacing it with a regular file");
     }
     let applied = target.apply(&built, &rendered, &on_disk, None, now, true)?;
     target.record(&built, &applied.sha256);
     if !applied.replaced {
-        tracing::info!(bundle = %common.bundle.display(), certificates = built.bundle.len(), sha256 = %applied.sha256, "bundle already in sync");
-    } else if let Some(command) = &common.exec_on_change {
+        tracing::info!(bundle = %path.display(), certificates = built.bundle.len(), sha256 = %applied.sha256, "bundle already in sync");
+    } else if let (true, Some(command)) = (bundle, &common.exec_on_change) {
         crate::exec::run(
             &command.0,
             &common.bundle,
@@ -86,7 +147,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
             &|| false,
         );
     }
-    Ok(Exit::Success)
+    Ok(())
 }
 
 /// What stops a sync before it starts, with the line that says so.
@@ -107,10 +168,10 @@ impl Blocked {
 
 /// A directory that is not there (the write would fail; the daemon refuses to start on
 /// it too), or an agent that manages the bundle (unless `--force`).
-fn blocked(args: &SyncArgs) -> Option<Blocked> {
+fn blocked(args: &SyncArgs, path: &Path) -> Option<Blocked> {
     let common = &args.common;
-    let bundle = escape(&common.bundle.display().to_string()).into_owned();
-    let dir = crate::writer::atomic::parent_dir(&common.bundle);
+    let bundle = escape(&path.display().to_string()).into_owned();
+    let dir = crate::writer::atomic::parent_dir(path);
     let shown_dir = escape(&dir.display().to_string()).into_owned();
     match std::fs::metadata(&dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -133,14 +194,14 @@ fn blocked(args: &SyncArgs) -> Option<Blocked> {
             return None;
         }
     };
-    let ours = ManagedPath::of(&common.bundle);
+    let ours = ManagedPath::of(path);
     // A claim being written names no file yet: take it for ours, the safe side.
     if !claim.managed.is_empty() && !claim.managed.iter().any(|m| m.is(&ours)) {
         return None;
     }
     let lock = common.state_dir.join(running::LOCK_FILE);
     if args.force {
-        tracing::warn!(bundle = %common.bundle.display(), pid = %claim.who(), "--force: a running agent manages the bundle, and will put back its own bundle at once unless its sources agree with this one");
+        tracing::warn!(bundle = %path.display(), pid = %claim.who(), "--force: a running agent manages the bundle, and will put back its own bundle at once unless its sources agree with this one");
         return None;
     }
     Some(Blocked::Managed(format!(
@@ -150,49 +211,58 @@ fn blocked(args: &SyncArgs) -> Option<Blocked> {
     )))
 }
 
-/// Every source, in order; the first that cannot be used ends the run. Each cluster read has
-/// a deadline ([`cluster::REQUEST_DEADLINE`]): an API server that takes the request and never
-/// answers ends the run with exit 1 and a line naming it, not a hang.
-fn read_sources(common: &CommonArgs) -> anyhow::Result<Vec<SourceCertificates>> {
-    let runtime = if common.sources.iter().any(SourceSpec::is_cluster) {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        Some(
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?,
-        )
-    } else {
-        None
-    };
-    let cluster = match &runtime {
-        Some(rt) => {
-            let origin = Origin::resolve(common.kubeconfig.as_deref()).map_err(UsageError)?;
-            // Building the client spawns its request buffer onto the runtime.
-            let _inside = rt.enter();
-            Some(super::one_shot_client(&origin)?)
+/// The API server, when a managed file has a cluster source: a one-shot client on a
+/// runtime of its own.
+struct Cluster(Option<(tokio::runtime::Runtime, kube::Client, String)>);
+
+impl Cluster {
+    fn connect(common: &CommonArgs) -> anyhow::Result<Cluster> {
+        if !common.all_sources().iter().any(SourceSpec::is_cluster) {
+            return Ok(Cluster(None));
         }
-        None => None,
-    };
-    let mut sources = Vec::with_capacity(common.sources.len());
-    for spec in &common.sources {
-        let parsed = match (&runtime, &cluster) {
-            (Some(rt), Some((client, server))) if spec.is_cluster() => {
-                match rt.block_on(cluster::read_once(client, server, spec)) {
-                    Ok(parsed) => parsed,
-                    Err(error) if error.reason() == "no_answer" => anyhow::bail!(
-                        "source {spec}: the API server {server} did not answer within {}s (it took the request and sent nothing); {} was left as it was",
-                        cluster::REQUEST_DEADLINE.as_secs(),
-                        common.bundle.display()
-                    ),
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            _ => local::load(spec)?,
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let origin = Origin::resolve(common.kubeconfig.as_deref()).map_err(UsageError)?;
+        // Building the client spawns its request buffer onto the runtime.
+        let (client, server) = {
+            let _inside = runtime.enter();
+            super::one_shot_client(&origin)?
         };
-        crate::source::warn_not_ca(spec, &parsed);
-        sources.push(parsed);
+        Ok(Cluster(Some((runtime, client, server))))
     }
-    Ok(sources)
+
+    /// Every source of the file at `path`, in order; the first that cannot be used ends
+    /// its sync. Each cluster read has a deadline ([`cluster::REQUEST_DEADLINE`]): an API
+    /// server that takes the request and never answers ends it with a line naming it, not
+    /// a hang.
+    fn read_sources(
+        &self,
+        specs: &[SourceSpec],
+        path: &Path,
+    ) -> anyhow::Result<Vec<SourceCertificates>> {
+        let mut sources = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let parsed = match &self.0 {
+                Some((rt, client, server)) if spec.is_cluster() => {
+                    match rt.block_on(cluster::read_once(client, server, spec)) {
+                        Ok(parsed) => parsed,
+                        Err(error) if error.reason() == "no_answer" => anyhow::bail!(
+                            "source {spec}: the API server {server} did not answer within {}s (it took the request and sent nothing); {} was left as it was",
+                            cluster::REQUEST_DEADLINE.as_secs(),
+                            path.display()
+                        ),
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                _ => local::load(spec)?,
+            };
+            crate::source::warn_not_ca(spec, &parsed);
+            sources.push(parsed);
+        }
+        Ok(sources)
+    }
 }
 
 /// The dry run's report: one aligned line per certificate that would be added or removed

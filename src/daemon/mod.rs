@@ -35,7 +35,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     }
     // Held until the agent exits: a hand-run `sync` sees it and refuses to write a file
     // this agent would put back.
-    let _claim = running::claim(&args.common.state_dir, &args.common.bundle)?;
+    let _claim = running::claim(&args.common.state_dir, &args.common.managed_paths())?;
     crate::runtime::build()?.block_on(run_async(args))
 }
 
