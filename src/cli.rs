@@ -109,7 +109,8 @@ pub struct LogArgs {
 #[derive(Debug, Args)]
 pub struct CommonArgs {
     /// Where the signers come from, in priority order (repeat the flag, or separate with
-    /// commas): configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME, file:PATH, dir:PATH.
+    /// commas): configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME[/FIELD], file:PATH,
+    /// dir:PATH.
     #[arg(
         long = "source",
         value_name = "SPEC",
@@ -398,7 +399,7 @@ pub struct PublishArgs {
     #[arg(long, env = "KUBELET_CA_AGENT_ONCE", value_parser = BoolishValueParser::new())]
     pub once: bool,
     /// Where the signers come from, in priority order (repeat the flag, or separate with
-    /// commas): configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME.
+    /// commas): configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME[/FIELD].
     #[arg(
         long = "source",
         value_name = "SPEC",
@@ -459,7 +460,7 @@ fn parse_cluster_source_spec(s: &str) -> Result<SourceSpec, String> {
     let spec = parse_source_spec(s)?;
     if !spec.is_cluster() {
         return Err(format!(
-            "{s:?}: publish reads cluster sources only (configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME)"
+            "{s:?}: publish reads cluster sources only (configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME[/FIELD])"
         ));
     }
     Ok(spec)
@@ -562,6 +563,16 @@ pub struct ManagedArgs {
         default_value = "/var/lib/kubelet-ca-agent"
     )]
     pub state_dir: PathBuf,
+    /// The other managed files, as `run` is given them (only their paths are used), used
+    /// with --bundle when managed-files.json does not exist yet.
+    #[arg(
+        long = "manage",
+        value_name = "PATH=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE",
+        value_delimiter = ';',
+        value_parser = parse_manage
+    )]
+    pub manage: Vec<ManageSpec>,
 }
 
 /// `drift exclusions --format`.
@@ -633,9 +644,13 @@ pub struct DriftStripArgs {
     pub root: PathBuf,
 }
 
+/// A source of a bundle (`--source`, `--manage`): any kind, but not a registry list.
 fn parse_source_spec(s: &str) -> Result<SourceSpec, String> {
-    s.parse()
-        .map_err(|e: crate::source::SpecError| e.to_string())
+    let spec: SourceSpec = s
+        .parse()
+        .map_err(|e: crate::source::SpecError| e.to_string())?;
+    spec.check_bundle_source().map_err(|e| e.to_string())?;
+    Ok(spec)
 }
 
 /// `--listen`: `IPv4:PORT` or `[IPv6]:PORT`, and also `[IPv4]:PORT`, as Go's

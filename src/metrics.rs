@@ -174,7 +174,7 @@ pub mod known {
     /// ... of a `configmap:` source naming one key: the key is missing.
     pub const CONFIGMAP_KEY_ERRORS: &[&str] = &["missing_key"];
     /// ... of a `controllerconfig:` source: the field is missing or not base64.
-    pub const CONTROLLERCONFIG_ERRORS: &[&str] = &["missing_field", "bad_base64"];
+    pub const CONTROLLERCONFIG_ERRORS: &[&str] = &["missing_field", "bad_base64", "not_a_bundle"];
     /// `kubelet_ca_rejected_certificates_total{reason}`.
     pub const REJECTED_CERTIFICATES: &[&str] = &["not_ca"];
     /// `kubelet_ca_state_errors_total{record}`.

@@ -403,3 +403,83 @@ fn sync_writes_every_managed_file_and_a_bad_one_is_left_alone_with_exit_1() {
     assert!(node.node.holds(next.pem()), "the bundle was not synced");
     assert!(node.holds(&cloud_ca.pem()), "the cloud file was touched");
 }
+
+/// `kubelet-ca-agent drift COMMAND` with the node's `--bundle` and `--state-dir`.
+fn drift(node: &Node, command: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(common::agent_bin());
+    cmd.args(["drift", command, "--bundle"])
+        .arg(node.bundle())
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .env_remove("RUST_LOG");
+    cmd
+}
+
+/// `drift exclusions` and `drift strip` know every managed file: from managed-files.json
+/// once the agent wrote it, and from the flags before.
+#[test]
+fn drift_lists_and_strips_every_managed_file() {
+    let (kubelet, cloud_ca) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("cloud-ca", Algorithm::P256),
+    );
+    let node = Cloud::new(&kubelet.pem(), &cloud_ca.pem());
+    let manage = node.manage();
+    let exclusions = |extra: &[&str]| {
+        let out = drift(&node.node, "exclusions")
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let mut lines: Vec<String> = common::stdout(&out).lines().map(String::from).collect();
+        lines.sort();
+        lines
+    };
+    let mut both = vec![
+        node.node.bundle().display().to_string(),
+        node.cloud.display().to_string(),
+    ];
+    both.sort();
+    // Before any run: from the flags.
+    assert_eq!(exclusions(&["--manage", &manage]), both);
+    // After a sync: from managed-files.json, flags or not.
+    let out = node
+        .node
+        .sync(&[&node.bundle_source], &["--manage", &manage]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(exclusions(&[]), both);
+
+    // A rendered config that still carries both files: strip removes both, and keeps the
+    // rest byte for byte.
+    let file = |path: &str, pem: &str| {
+        serde_json::json!({
+            "path": path,
+            "mode": 420,
+            "overwrite": true,
+            "contents": { "source": format!("data:,{}", pem.replace('\n', "%0A")) }
+        })
+    };
+    let rendered = serde_json::json!({
+        "ignition": { "version": "3.5.0" },
+        "storage": { "files": [
+            file(&node.node.bundle().display().to_string(), &kubelet.pem()),
+            file("/etc/motd", "hello\n"),
+            file(&node.cloud.display().to_string(), &cloud_ca.pem()),
+        ] }
+    });
+    let path = node.node.root().join("rendered.json");
+    fs::write(&path, serde_json::to_vec_pretty(&rendered).unwrap()).unwrap();
+    let out = drift(&node.node, "strip")
+        .args(["--rendered", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let stripped: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths: Vec<&str> = stripped["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/etc/motd"]);
+}

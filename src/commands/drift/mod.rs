@@ -67,14 +67,24 @@ impl Managed {
                 record: Some(record),
             }),
             Ok(None) => {
-                let path = std::path::absolute(&args.bundle).map_err(|e| {
-                    UsageError(format!(
-                        "--bundle {}: {e}",
-                        escape(&args.bundle.display().to_string())
-                    ))
-                })?;
+                let paths = std::iter::once(("--bundle", &args.bundle))
+                    .chain(args.manage.iter().map(|m| ("--manage", &m.path)));
+                let files = paths
+                    .map(|(flag, path)| {
+                        let absolute = std::path::absolute(path).map_err(|e| {
+                            UsageError(format!(
+                                "{flag} {}: {e}",
+                                escape(&path.display().to_string())
+                            ))
+                        })?;
+                        Ok(ManagedFile {
+                            path: absolute,
+                            sha256: None,
+                        })
+                    })
+                    .collect::<Result<_, UsageError>>()?;
                 Ok(Managed {
-                    files: vec![ManagedFile { path, sha256: None }],
+                    files,
                     record: None,
                 })
             }
