@@ -55,6 +55,18 @@ impl<W: io::Write> io::Write for EscapingWriter<W> {
     }
 }
 
+/// Unix seconds as RFC 3339 in UTC, as the agent prints every date (the number itself when
+/// it is out of range).
+pub fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,23 +9,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::daemon::{Agent, samples, wait_until};
+use common::daemon::{Agent, check_line, samples, wait_until};
 use common::pki::{Algorithm, Signer};
 use common::{Node, sha256_hex};
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// The line of `/readyz?verbose` about `check`.
-fn check_line(verbose: &str, check: &str) -> String {
-    verbose
-        .lines()
-        .find(|l| {
-            l.get(3..)
-                .is_some_and(|l| l.starts_with(&format!("{check} ")))
-        })
-        .unwrap_or_else(|| panic!("no {check} line in {verbose}"))
-        .to_string()
-}
 
 fn verbose(agent: &Agent) -> String {
     agent.get("/readyz?verbose").unwrap_or_default().1

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use time::{Duration as Span, OffsetDateTime};
 
-use common::daemon::{Agent, samples, wait_until};
+use common::daemon::{Agent, check_line, samples, wait_until};
 use common::pki::{self, Algorithm, Signer};
 use common::{KUBECONFIG_NOWHERE, Node, sha256_hex, stderr};
 
@@ -22,18 +22,6 @@ const SECOND: Duration = Duration::from_secs(1);
 fn short_sha256(pem: &str) -> String {
     let der = pem::parse(pem).unwrap().into_contents();
     sha256_hex(&der)[..12].to_string()
-}
-
-/// The line of `/readyz?verbose` about `check`.
-fn check_line(verbose: &str, check: &str) -> String {
-    verbose
-        .lines()
-        .find(|l| {
-            l.get(3..)
-                .is_some_and(|l| l.starts_with(&format!("{check} ")))
-        })
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// The one line `sync` ends with on failure (the warnings before it are not the error).

@@ -160,13 +160,16 @@ fn describe(e: &NoValidCertificate) -> String {
     );
     if !e.expired.is_empty() {
         let list = named(&e.expired, |c| {
-            (c, format!("notAfter {}", rfc3339(c.not_after)))
+            (c, format!("notAfter {}", crate::text::rfc3339(c.not_after)))
         });
         text.push_str(&format!("; expired: {list}"));
     }
     if !e.not_yet_valid.is_empty() {
         let list = named(&e.not_yet_valid, |c| {
-            (c, format!("notBefore {}", rfc3339(c.not_before)))
+            (
+                c,
+                format!("notBefore {}", crate::text::rfc3339(c.not_before)),
+            )
         });
         text.push_str(&format!("; not valid yet: {list}"));
     }
@@ -192,17 +195,6 @@ fn named<T>(items: &[T], each: impl Fn(&T) -> (&Certificate, String)) -> String 
         parts.push(format!("and {} more", items.len() - NAMED_MAX));
     }
     parts.join(", ")
-}
-
-/// Unix seconds as RFC 3339 in UTC, as the other dates the agent prints.
-fn rfc3339(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| unix.to_string())
 }
 
 /// SPEC 4.4 to 4.6: the union of the sources in order, deduplicated by fingerprint (first

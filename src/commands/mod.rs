@@ -5,9 +5,6 @@ pub mod drift;
 pub mod inspect;
 pub mod sync;
 
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
-
 use crate::credentials::Origin;
 use crate::error::Exit;
 
@@ -48,13 +45,7 @@ pub fn print_out(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Unix seconds as RFC 3339 UTC, e.g. `2027-01-01T00:00:00Z`.
-pub fn rfc3339(unix: i64) -> String {
-    OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_else(|| unix.to_string())
-}
+pub use crate::text::rfc3339;
 
 /// A signed span of seconds for humans: `89d 3h`, `5h 2m`, `-2d 4h`.
 pub fn human_span(seconds: i64) -> String {

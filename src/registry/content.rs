@@ -78,10 +78,10 @@ impl fmt::Display for Warning {
             WarningKind::Expired => write!(
                 f,
                 "expired at {}: kept, so that pulls fail on an expired certificate rather than an unknown authority",
-                rfc3339(c.not_after)
+                crate::text::rfc3339(c.not_after)
             ),
             WarningKind::NotYetValid => {
-                write!(f, "is not valid before {}: kept", rfc3339(c.not_before))
+                write!(f, "is not valid before {}: kept", crate::text::rfc3339(c.not_before))
             }
         }
     }
@@ -136,17 +136,6 @@ pub fn registry_file(content: &[u8], now: i64) -> Result<RegistryFile, Rejection
         certificates,
         warnings,
     })
-}
-
-/// Unix seconds as RFC 3339 in UTC, as the agent prints every date.
-fn rfc3339(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| unix.to_string())
 }
 
 #[cfg(test)]

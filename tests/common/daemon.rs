@@ -355,3 +355,15 @@ fn parse_labels(mut s: &str) -> Option<(Vec<(String, String)>, &str)> {
         s = &rest[end + 1..];
     }
 }
+
+/// The line of `/readyz?verbose` about `check` (empty when there is none).
+pub fn check_line(verbose: &str, check: &str) -> String {
+    verbose
+        .lines()
+        .find(|l| {
+            l.get(3..)
+                .is_some_and(|l| l.starts_with(&format!("{check} ")))
+        })
+        .unwrap_or_default()
+        .to_string()
+}
