@@ -290,6 +290,41 @@ mod cluster {
         ]
     }
 
+    /// What the upstream writer leaves for an empty cloud CA, a lone newline, is what the
+    /// sources hold: nothing. It is left as it is, and nothing is wrong.
+    #[test]
+    fn the_upstream_writers_lone_newline_for_an_empty_cloud_ca_is_left_alone_and_healthy() {
+        let api = ApiServer::start();
+        let (kube, registry) = (
+            Signer::new("kube-apiserver-lb-signer", Algorithm::P256),
+            Signer::new("registry-ca", Algorithm::P256),
+        );
+        api.put_controllerconfig_spec(CC, &fields(&kube.pem(), "", &registry.pem()));
+        let node = Node::new();
+        let cloud = node.root().join("etc/cloud/ca-bundle.pem");
+        fs::create_dir_all(cloud.parent().unwrap()).unwrap();
+        fs::write(&cloud, "\n").unwrap();
+        let manage = format!("{}={CLOUD}", cloud.display());
+        let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
+        let agent = Agent::start(
+            &node,
+            &[KUBE],
+            &["--manage", &manage, "--kubeconfig", &kubeconfig],
+        );
+        wait_until(10 * SECOND, || node.holds(kube.pem()));
+        let path = cloud.display().to_string();
+        wait_until(10 * SECOND, || {
+            verbose(&agent).contains(&format!("[+]in-sync:{path} ok"))
+        });
+        let page = verbose(&agent);
+        assert!(
+            check_line(&page, &format!("bundle-valid:{path}")).starts_with("[+]"),
+            "{page}"
+        );
+        assert_eq!(agent.get("/readyz").map(|r| r.0), Some(200), "{page}");
+        assert_eq!(fs::read(&cloud).unwrap(), b"\n", "the file was touched");
+    }
+
     #[test]
     fn a_cloud_ca_from_the_controllerconfig_is_kept_when_there_is_one_and_never_created_empty() {
         let api = ApiServer::start();

@@ -640,17 +640,27 @@ impl Managed {
     /// The state of a `--manage` file whose sources hold no certificate.
     fn nothing_to_keep(&mut self, on_disk: &OnDisk) {
         let why = "its sources hold no certificate: the file is neither created nor emptied";
-        match on_disk {
-            OnDisk::Missing => {
-                self.pending_since = None;
-                self.publish(Seen::Missing, Some(true), None);
-                self.status.nothing_to_keep = true;
-                self.status.file_problem = Some(format!("not created: {why}"));
-            }
-            _ => {
-                let problem = format!("not known: {why}; the file there is left as it is");
-                self.publish(on_disk.into(), None, Some(problem));
-            }
+        // A file with no certificate in it (the lone newline the upstream writer leaves for
+        // an empty cloud CA) holds what the sources hold: nothing. It is left as it is.
+        let holds_nothing = match on_disk {
+            OnDisk::Missing => true,
+            OnDisk::Regular { bytes, .. } => bundle::parse::scan(bytes).certificates.is_empty(),
+            OnDisk::Other(_) => false,
+        };
+        if holds_nothing {
+            self.pending_since = None;
+            let problem = match on_disk {
+                OnDisk::Missing => format!("not created: {why}"),
+                _ => format!("holds no certificate either: {why}; it is left as it is"),
+            };
+            self.publish(on_disk.into(), Some(true), None);
+            self.status.nothing_to_keep = true;
+            self.status.file_problem = Some(problem);
+        } else {
+            let problem = format!(
+                "not known: {why}; the file there still holds certificates and is left as it is (remove it if they are no longer wanted)"
+            );
+            self.publish(on_disk.into(), None, Some(problem));
         }
     }
 
