@@ -823,6 +823,65 @@ mod loop_tests {
         )
     }
 
+    /// The re-verification reads every local source again, of every managed file, whatever
+    /// inotify said; a cluster source is left to its watch.
+    #[test]
+    fn the_re_verification_reads_each_files_local_sources_again_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let pem = |cn: &str| {
+            test_certs::ca(Some(cn), None, now - 60, now + 86400)
+                .pem()
+                .to_vec()
+        };
+        let (bundle_source, cloud_source) = (dir.path().join("a.pem"), dir.path().join("b.pem"));
+        std::fs::write(&bundle_source, pem("a")).unwrap();
+        std::fs::write(&cloud_source, pem("b")).unwrap();
+        let cli = Cli::try_parse_from([
+            "kubelet-ca-agent".to_string(),
+            "run".to_string(),
+            format!(
+                "--source=file:{},configmap:ns/name",
+                bundle_source.display()
+            ),
+            format!(
+                "--manage={}=file:{}",
+                dir.path().join("cloud.pem").display(),
+                cloud_source.display()
+            ),
+            format!("--bundle={}", dir.path().join("kubelet-ca.crt").display()),
+            format!("--state-dir={}", dir.path().join("state").display()),
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let (status, _status_rx) = watch::channel(Arc::default());
+        let mut reconciler = Reconciler::new(&args.common, Arc::default(), status);
+        reconciler.start();
+        let content = |r: &Reconciler, file: usize, slot: usize| {
+            r.files[file].slots[slot]
+                .source
+                .content
+                .as_ref()
+                .map(|c| c.certificates[0].subject_cn.clone())
+        };
+        assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b"));
+
+        // Changed with no event: not seen before the re-verification...
+        std::fs::write(&bundle_source, pem("a2")).unwrap();
+        std::fs::write(&cloud_source, pem("b2")).unwrap();
+        assert!(!reconciler.take_due(Instant::now()));
+        assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b"));
+        // ...and read, in every file, when it is due; the cluster source is not read.
+        let due = reconciler.verify_at;
+        assert!(reconciler.take_due(due));
+        assert_eq!(content(&reconciler, 0, 0).as_deref(), Some("a2"));
+        assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b2"));
+        assert_eq!(reconciler.files[0].slots[1].read_at, None);
+        assert!(reconciler.files[0].slots[1].source.content.is_none());
+    }
+
     /// An unreadable source is read again from 1 s, doubling to a minute, and then every
     /// minute for as long as it stays unreadable (not back to 1 s); a source that reads but
     /// is rejected is not read again until it changes (only a change can fix it).
