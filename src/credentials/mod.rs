@@ -112,6 +112,18 @@ impl Credentials {
         current.client.clone().ok_or_else(|| current.why_none())
     }
 
+    /// The client to use for the next request, once the credentials have been read at
+    /// least once: at start, a request waits for that first read (at most `limit`) rather
+    /// than fail for credentials nobody has looked at yet.
+    pub async fn client_once_read(
+        &self,
+        limit: std::time::Duration,
+    ) -> Result<kube::Client, String> {
+        let mut current = self.current.clone();
+        let _ = tokio::time::timeout(limit, current.wait_for(|c| c.read)).await;
+        self.client()
+    }
+
     /// Waits until the credentials change (a new client, or a new problem). Returns at once
     /// the first time for a state this handle has not seen; never returns once the follower
     /// is gone.
@@ -291,5 +303,48 @@ fn log_new(origin: &Origin, previous: &Current, held: &[HeldCertificate], server
             trusted_cas = cas,
             "credentials for the API server changed: new requests use them, watches resume from where they were"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use base64::Engine;
+
+    use super::*;
+
+    /// A kubeconfig with an inline CA and a token, for a server nobody listens on.
+    fn kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap().pem();
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: t0ken\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// At start, a request that needs the client waits for the first read of the
+    /// credentials rather than fail for credentials nobody has looked at yet (a review that
+    /// failed so would be remembered, refusing a valid token for 10 s after).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_at_start_waits_for_the_first_read_of_the_credentials() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let origin = Origin::resolve(Some(&kubeconfig(dir.path()))).unwrap();
+        let credentials = Credentials::follow(origin);
+        // The follower has not run yet (one thread, not yielded to).
+        assert!(!credentials.current().read);
+        assert!(credentials.client().is_err());
+        let client = credentials.client_once_read(Duration::from_secs(10)).await;
+        assert!(client.is_ok(), "{:?}", client.err());
     }
 }

@@ -38,6 +38,10 @@ const MAX_ANSWERS: usize = 4096;
 /// request, on a connection of its own while the others are busy (kube-rs's client speaks
 /// HTTP/1.1), so this bounds the agent's connections to the API server for reviews too.
 pub const MAX_REVIEWS_IN_FLIGHT: usize = 8;
+/// At start, how long a review waits for the agent's credentials to be read for the first
+/// time: a failure for credentials not read yet would be remembered as the token's verdict
+/// for [`FAILED_REVIEW_TTL`], refusing a valid token after they were.
+const FIRST_READ_WAIT: Duration = Duration::from_secs(5);
 /// New reviews start at most this often on average, with bursts of [`REVIEW_BURST`]: every
 /// distinct bearer token is a new review, and anyone can make up tokens.
 pub const REVIEWS_PER_SECOND: f64 = 20.0;
@@ -261,7 +265,7 @@ impl Tokens {
         let ttl = self.ttl;
         let ask = move || async move {
             // The newest client: the review follows the agent's credentials as they rotate.
-            let client = match credentials.client() {
+            let client = match credentials.client_once_read(FIRST_READ_WAIT).await {
                 Ok(client) => client,
                 Err(why) => {
                     return TokenVerdict::Failed(format!(
@@ -389,7 +393,7 @@ impl Access {
         .into();
         let credentials = self.credentials.clone();
         let ask = move || async move {
-            let client = match credentials.client() {
+            let client = match credentials.client_once_read(FIRST_READ_WAIT).await {
                 Ok(client) => client,
                 Err(why) => {
                     return AccessVerdict::Failed(format!(
