@@ -21,15 +21,19 @@ impl Repeated {
         }
     }
 
-    /// One more failure; the first of a spell is logged with `detail`.
-    pub fn failed(&self, detail: &str) {
-        if self.count.fetch_add(1, Ordering::Relaxed) == 0 {
+    /// One more failure; the first of a spell is logged with `detail`. True when this one
+    /// began the spell (and so was logged).
+    pub fn failed(&self, detail: &str) -> bool {
+        let first = self.count.fetch_add(1, Ordering::Relaxed) == 0;
+        if first {
             tracing::warn!("{detail} (logged once until it works again)");
         }
+        first
     }
 
-    /// It worked: a spell of failures, if any, ends, with how many there were.
-    pub fn succeeded(&self) {
+    /// It worked: a spell of failures, if any, ends, logged with how many there were
+    /// (returned).
+    pub fn succeeded(&self) -> Option<u64> {
         let failures = self.count.swap(0, Ordering::Relaxed);
         if failures > 0 {
             tracing::info!(
@@ -37,7 +41,9 @@ impl Repeated {
                 "{} work(s) again after {failures} failure(s)",
                 self.what
             );
+            return Some(failures);
         }
+        None
     }
 
     /// Failures in the current spell.
@@ -53,13 +59,18 @@ mod tests {
     #[test]
     fn a_spell_of_failures_is_counted_and_ends_when_it_works() {
         let repeated = Repeated::new("reviews");
-        repeated.succeeded();
+        assert_eq!(repeated.succeeded(), None, "no spell to end");
         assert_eq!(repeated.count(), 0);
-        for _ in 0..500 {
-            repeated.failed("cannot check bearer tokens");
-        }
+        // Logged once, at the first failure of the spell.
+        let logged = (0..500)
+            .filter(|_| repeated.failed("cannot check bearer tokens"))
+            .count();
+        assert_eq!(logged, 1);
         assert_eq!(repeated.count(), 500);
-        repeated.succeeded();
+        assert_eq!(repeated.succeeded(), Some(500));
         assert_eq!(repeated.count(), 0);
+        assert_eq!(repeated.succeeded(), None, "the spell ended once");
+        // A new spell is logged again.
+        assert!(repeated.failed("cannot check bearer tokens"));
     }
 }
