@@ -84,19 +84,20 @@ impl Status {
         self.nothing_to_keep || (self.file_valid && self.in_sync != Some(false))
     }
 
-    /// The readiness checks, in order: (name, None if ok, else why not).
-    pub fn checks(&self) -> Vec<(String, Option<String>)> {
-        let mut checks = vec![
+    /// The checks of the file itself: valid (or, for a `--manage` file, nothing to keep),
+    /// and in sync.
+    fn file_checks(&self) -> [(&'static str, Option<String>); 2] {
+        [
             (
-                "bundle-valid".to_string(),
-                (!self.file_valid).then(|| {
+                "bundle-valid",
+                (!self.file_valid && !self.nothing_to_keep).then(|| {
                     self.file_problem
                         .clone()
                         .unwrap_or_else(|| "the file is not a valid bundle".into())
                 }),
             ),
             (
-                "in-sync".to_string(),
+                "in-sync",
                 // Not claimed for a state that cannot be seen: an unknown is said as such.
                 match self.in_sync {
                     Some(true) => None,
@@ -112,7 +113,16 @@ impl Status {
                     ),
                 },
             ),
-        ];
+        ]
+    }
+
+    /// The readiness checks, in order: (name, None if ok, else why not).
+    pub fn checks(&self) -> Vec<(String, Option<String>)> {
+        let mut checks: Vec<(String, Option<String>)> = self
+            .file_checks()
+            .into_iter()
+            .map(|(name, problem)| (name.to_string(), problem))
+            .collect();
         if self.kind == TargetKind::File {
             checks.push(("file-watch".to_string(), self.file_watch.clone()));
         }
@@ -122,16 +132,11 @@ impl Status {
                 kubelet.problem(&self.bundle_path),
             ));
         }
+        // Each other file's checks, named by its path; its sources among the others, once
+        // each.
         for other in &self.others {
-            let path = &other.bundle_path;
-            let own = other.checks();
-            // Its file checks, named by its path; its sources among the others, once each.
-            for (name, problem) in own.into_iter().take(2) {
-                let problem = match (other.nothing_to_keep, name.as_str()) {
-                    (true, "bundle-valid") => None,
-                    _ => problem,
-                };
-                checks.push((format!("{name}:{path}"), problem));
+            for (name, problem) in other.file_checks() {
+                checks.push((format!("{name}:{}", other.bundle_path), problem));
             }
         }
         let mut seen = std::collections::HashSet::new();
