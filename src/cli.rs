@@ -171,6 +171,65 @@ pub struct CommonArgs {
         value_parser = parse_manage
     )]
     pub manage: Vec<ManageSpec>,
+    /// A set of registry CA files under DIR, one DIR/<host[:port]>/ca.crt for each entry of
+    /// the sources (repeat the flag; in the environment, separate sets with ';'), e.g.
+    /// /etc/docker/certs.d=controllerconfig:machine-config-controller/imageRegistryBundleData,controllerconfig:machine-config-controller/imageRegistryBundleUserData.
+    /// Entry sources: controllerconfig:NAME/imageRegistryBundleData|imageRegistryBundleUserData,
+    /// configmap:NS/NAME/* (each key host..port is one registry), dir:PATH (each
+    /// <host..port>.crt is one). The first source naming a registry wins. The agent removes
+    /// only what it created; an admin's own directories and files under DIR stay.
+    #[arg(
+        long = "manage-registries",
+        value_name = "DIR=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE_REGISTRIES",
+        value_delimiter = ';',
+        value_parser = parse_manage_registries
+    )]
+    pub manage_registries: Vec<RegistriesSpec>,
+}
+
+/// One `--manage-registries` set: its directory, and its entry sources in priority order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistriesSpec {
+    pub dir: PathBuf,
+    pub sources: Vec<SourceSpec>,
+}
+
+impl std::fmt::Display for RegistriesSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sources: Vec<String> = self.sources.iter().map(ToString::to_string).collect();
+        write!(f, "{}={}", self.dir.display(), sources.join(","))
+    }
+}
+
+fn parse_manage_registries(s: &str) -> Result<RegistriesSpec, String> {
+    let s = s.trim();
+    let (dir, specs) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} names no sources: expected DIR=SPEC[,SPEC...], e.g. /etc/docker/certs.d=dir:/etc/registry-cas")
+    })?;
+    let dir = dir.trim();
+    if dir.is_empty() {
+        return Err(format!("{s:?} names no directory before '='"));
+    }
+    let sources = specs
+        .split(',')
+        .map(str::trim)
+        .filter(|spec| !spec.is_empty())
+        .map(|spec| {
+            let parsed: SourceSpec = spec
+                .parse()
+                .map_err(|e: crate::source::SpecError| e.to_string())?;
+            parsed.check_registry_source().map_err(|e| e.to_string())?;
+            Ok(parsed)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if sources.is_empty() {
+        return Err(format!("{dir} has no sources after '='"));
+    }
+    Ok(RegistriesSpec {
+        dir: PathBuf::from(dir),
+        sources,
+    })
 }
 
 /// One `--manage` file: where it is, and its sources in priority order.
@@ -218,8 +277,15 @@ impl CommonArgs {
         self.sources
             .iter()
             .chain(self.manage.iter().flat_map(|m| m.sources.iter()))
+            .chain(self.manage_registries.iter().flat_map(|r| r.sources.iter()))
             .cloned()
             .collect()
+    }
+
+    /// How many of [`CommonArgs::all_sources`] are sources of files (the bundle's and the
+    /// `--manage` files'); the registry sets' come after them.
+    pub fn file_sources(&self) -> usize {
+        self.sources.len() + self.manage.iter().map(|m| m.sources.len()).sum::<usize>()
     }
 
     /// The path of every managed file: the bundle, then each `--manage` file.
@@ -245,7 +311,48 @@ impl CommonArgs {
             }
             seen.push((path, format!("--manage {}", manage.path.display())));
         }
+        let mut roots: Vec<PathBuf> = Vec::new();
+        for set in &self.manage_registries {
+            let dir = absolute(&set.dir);
+            let flag = format!("--manage-registries {}", set.dir.display());
+            if let Some(other) = roots
+                .iter()
+                .find(|r| dir.starts_with(r) || r.starts_with(&dir))
+            {
+                return Err(format!(
+                    "{flag}: it overlaps the registry directory {} of another --manage-registries; each directory can have one set of sources",
+                    other.display()
+                ));
+            }
+            if let Some((_, file)) = seen.iter().find(|(p, _)| p.starts_with(&dir)) {
+                return Err(format!(
+                    "{flag}: {file} is a file under it; a managed file cannot live in a registry directory"
+                ));
+            }
+            roots.push(dir);
+        }
+        let file_specs: Vec<&SourceSpec> = self
+            .sources
+            .iter()
+            .chain(self.manage.iter().flat_map(|m| m.sources.iter()))
+            .collect();
+        for set in &self.manage_registries {
+            if let Some(spec) = set.sources.iter().find(|s| file_specs.contains(s)) {
+                return Err(format!(
+                    "--manage-registries {}: {spec} is also a source of a file; a source is read either as one bundle or as a registry list, not both",
+                    set.dir.display()
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The directory of every registry set, as given.
+    pub fn registry_dirs(&self) -> Vec<PathBuf> {
+        self.manage_registries
+            .iter()
+            .map(|r| r.dir.clone())
+            .collect()
     }
 
     /// The merge policy these flags ask for.

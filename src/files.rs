@@ -50,6 +50,10 @@ pub enum FsEvent {
     Tls,
     /// The kubeconfig, or a file it names, changed (settled).
     Credentials,
+    /// Something changed under a registry set's directory (by position in
+    /// `--manage-registries` order): a registry directory appeared or went, or its
+    /// `ca.crt` was written, replaced, changed or removed.
+    Registries(usize),
 }
 
 /// The directories to watch and what their entries mean.
@@ -62,6 +66,9 @@ pub struct Plan {
     tls: Vec<PathBuf>,
     /// The kubeconfig and the files it names (and the targets of those that are links).
     credentials: Vec<PathBuf>,
+    /// The registry sets' directories: each is watched with every directory in it, as they
+    /// come and go.
+    registries: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -102,7 +109,19 @@ impl Plan {
             sources,
             tls: Vec::new(),
             credentials: Vec::new(),
+            registries: Vec::new(),
         }
+    }
+
+    /// Also watch the registry sets' directories (`--manage-registries`), and the registry
+    /// directories in them. A set's directory may be missing (the agent makes it when a
+    /// registry needs it): it is watched for through its parent, and is no health problem.
+    pub fn with_registry_dirs(mut self, dirs: &[PathBuf]) -> Plan {
+        self.registries = dirs
+            .iter()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .collect();
+        self
     }
 
     /// Also watch the endpoint's TLS files.
@@ -188,6 +207,18 @@ impl Plan {
         if credentials && settled {
             events.push(FsEvent::Credentials);
         }
+        for (index, root) in self.registries.iter().enumerate() {
+            // The directory itself appearing or going, an entry of it, or anything in a
+            // registry directory (its ca.crt, or an admin's file that keeps a directory
+            // the agent made); the agent's own temporary files are not news.
+            let concerns = (dir == root)
+                || (Some(dir) == root.parent() && Some(name) == root.file_name())
+                || (dir.parent() == Some(root.as_path())
+                    && !crate::writer::atomic::is_temp_file_name(&name.to_string_lossy()));
+            if concerns {
+                events.push(FsEvent::Registries(index));
+            }
+        }
         events
     }
 }
@@ -239,6 +270,9 @@ struct Watcher {
     /// Where [`FsEvent::Tls`] goes.
     tls_events: Option<UnboundedSender<()>>,
     health: Option<Option<String>>,
+    /// The registry directories found in the registry sets' directories, each watched
+    /// (in `wanted`) for as long as it is there.
+    registry_dirs: BTreeMap<PathBuf, WatchMask>,
 }
 
 /// Watches until the receiving end of `events` is dropped; TLS file changes go to
@@ -250,7 +284,7 @@ pub async fn run(
 ) {
     let roles = plan.dirs();
     let mut wanted: BTreeMap<PathBuf, WatchMask> = BTreeMap::new();
-    for dir in roles.keys() {
+    for dir in roles.keys().chain(&plan.registries) {
         *wanted.entry(dir.clone()).or_insert(WatchMask::empty()) |= DIR_MASK;
         if let Some(parent) = dir.parent() {
             *wanted
@@ -267,6 +301,7 @@ pub async fn run(
         events,
         tls_events,
         health: None,
+        registry_dirs: BTreeMap::new(),
     };
     loop {
         let mut stream = match Inotify::init().and_then(|i| i.into_event_stream(vec![0u8; 8192])) {
@@ -334,14 +369,46 @@ impl Watcher {
             for change in self.plan.classify(&dir, &name, settled) {
                 self.send(change);
             }
-            // A watched directory appeared, went or was replaced under its parent.
-            if self.roles.contains_key(&dir.join(&name)) {
+            // A watched directory appeared, went or was replaced under its parent; or an
+            // entry of a registry set's directory did (a registry directory to watch).
+            let path = dir.join(&name);
+            if self.roles.contains_key(&path)
+                || self.plan.registries.contains(&path)
+                || self.plan.registries.contains(&dir)
+            {
                 self.ensure(stream);
             }
             if self.events.is_closed() {
                 return std::ops::ControlFlow::Break(());
             }
         }
+    }
+
+    /// Brings the watched registry directories in line with the directories now in each
+    /// registry set's directory (never following a link): new ones are added to what
+    /// [`Watcher::ensure`] watches, and the watches of those gone are dropped.
+    fn find_registry_dirs(&mut self, stream: &mut EventStream<Vec<u8>>) {
+        let mut found = BTreeMap::new();
+        for root in &self.plan.registries {
+            let Ok(entries) = std::fs::read_dir(root) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    found.insert(entry.path(), DIR_MASK);
+                }
+            }
+        }
+        let gone: Vec<PathBuf> = self
+            .registry_dirs
+            .keys()
+            .filter(|p| !found.contains_key(*p) && !self.wanted.contains_key(*p))
+            .cloned()
+            .collect();
+        for path in gone {
+            self.forget(&path, stream);
+        }
+        self.registry_dirs = found;
     }
 
     fn send(&self, event: FsEvent) {
@@ -361,7 +428,9 @@ impl Watcher {
     fn ensure(&mut self, stream: &mut EventStream<Vec<u8>>) {
         let mut problems = Vec::new();
         let mut renewed = false;
-        for (path, mask) in self.wanted.clone() {
+        self.find_registry_dirs(stream);
+        let wanted = self.wanted.iter().chain(&self.registry_dirs);
+        for (path, mask) in wanted.map(|(p, m)| (p.clone(), *m)).collect::<Vec<_>>() {
             let role = self.roles.get(&path).cloned();
             let identity = std::fs::metadata(&path).and_then(|m| {
                 if m.is_dir() {
@@ -379,7 +448,9 @@ impl Watcher {
                         Ok(wd) => {
                             self.paths.insert(wd.clone(), path.clone());
                             self.watched.insert(path.clone(), Watched { wd, identity });
-                            renewed = true;
+                            // A registry directory that appeared is news of its own
+                            // (FsEvent::Registries), not a sign of events lost.
+                            renewed |= !self.registry_dirs.contains_key(&path);
                         }
                         Err(e) => problems.push(format!(
                             "cannot watch {}: {}",

@@ -11,6 +11,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Serialize};
 
+use crate::registry::CreatedRecord;
+
 use crate::bundle::{Certificate, Remembered};
 use crate::writer::atomic::{self, Attributes};
 
@@ -36,16 +38,21 @@ impl Book {
     /// already says of them (so that a restart does not drop a file's entry until its
     /// first pass), and nothing of files no longer managed.
     pub fn open(state_dir: &Path, managed: &[PathBuf]) -> Book {
+        Book::open_with_sets(state_dir, managed, &[])
+    }
+
+    /// As [`Book::open`], keeping also what it says of files under the registry
+    /// directories `sets` (`--manage-registries`), which come and go with their sources.
+    pub fn open_with_sets(state_dir: &Path, managed: &[PathBuf], sets: &[PathBuf]) -> Book {
         let index = StateDir::new(state_dir.to_path_buf());
-        let managed: Vec<PathBuf> = managed
-            .iter()
-            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-            .collect();
+        let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        let managed: Vec<PathBuf> = managed.iter().map(absolute).collect();
+        let sets: Vec<PathBuf> = sets.iter().map(absolute).collect();
         let entries = match index.load_managed_files() {
             Ok(Some(recorded)) => recorded
                 .files
                 .into_iter()
-                .filter(|f| managed.contains(&f.path))
+                .filter(|f| managed.contains(&f.path) || sets.iter().any(|d| f.path.starts_with(d)))
                 .map(|f| (f.path, f.sha256))
                 .collect(),
             _ => BTreeMap::new(),
@@ -63,6 +70,21 @@ impl Book {
         entries.insert(path, sha256.to_string());
         // Written under the lock: two files' records never race to the one file.
         self.index.save_managed_files(&entries)
+    }
+
+    /// Drops `path`'s entry (a registry file the agent removed), and writes the file.
+    pub fn forget(&self, path: &Path) -> io::Result<()> {
+        let path = std::path::absolute(path)?;
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.remove(&path).is_some() {
+            self.index.save_managed_files(&entries)?;
+        }
+        Ok(())
+    }
+
+    /// The state directory this book is kept in.
+    pub fn state_dir(&self) -> &StateDir {
+        &self.index
     }
 }
 
@@ -205,6 +227,33 @@ impl StateDir {
             ));
         }
         Ok(Some(managed))
+    }
+
+    /// What the agent created under each registry directory
+    /// ([`crate::registry::RECORD_FILE`]). None recorded, or a record that cannot be read,
+    /// is an empty record: the agent then removes nothing (the safe side); why it could
+    /// not be read is returned beside it.
+    pub fn load_registry_record(&self) -> (CreatedRecord, Option<String>) {
+        let path = self.path.join(crate::registry::plan::RECORD_FILE);
+        match fs::read(&path) {
+            Ok(bytes) => match CreatedRecord::from_json(&bytes) {
+                Ok(record) => (record, None),
+                Err(e) => (
+                    CreatedRecord::new(),
+                    Some(format!("{}: {e}", path.display())),
+                ),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (CreatedRecord::new(), None),
+            Err(e) => (
+                CreatedRecord::new(),
+                Some(format!("{}: {e}", path.display())),
+            ),
+        }
+    }
+
+    /// Saves the record of what the agent created under the registry directories.
+    pub fn save_registry_record(&self, record: &CreatedRecord) -> io::Result<()> {
+        self.write_json(crate::registry::plan::RECORD_FILE, record)
     }
 
     fn write_json(&self, name: &str, value: &impl Serialize) -> io::Result<()> {

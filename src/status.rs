@@ -54,6 +54,9 @@ pub struct Status {
     /// on a platform without one): it is neither created nor emptied, and nothing is
     /// wrong.
     pub nothing_to_keep: bool,
+    /// Checks of the loop that concern no one file, and never fail readiness: each
+    /// registry set's refused entries (`registries:DIR`), as (name, problem).
+    pub notes: Vec<(String, Option<String>)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -139,6 +142,7 @@ impl Status {
                 checks.push((format!("{name}:{}", other.bundle_path), problem));
             }
         }
+        checks.extend(self.notes.iter().cloned());
         let mut seen = std::collections::HashSet::new();
         let sources = self.files().flat_map(|f| f.sources.iter());
         for source in sources.filter(|s| seen.insert(s.spec.as_str())) {

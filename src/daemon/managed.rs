@@ -725,6 +725,7 @@ impl Managed {
             kubelet: None,
             others: Vec::new(),
             nothing_to_keep: false,
+            notes: Vec::new(),
         };
         self.status = status;
     }

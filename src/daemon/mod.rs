@@ -9,6 +9,7 @@
 
 mod managed;
 pub mod reconciler;
+mod registries;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ use crate::server;
 use crate::server::endpoint::Endpoint;
 use crate::source::cluster;
 use reconciler::{Inputs, Reconciler};
+use registries::RegistryUpdate;
 
 pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     crate::server::endpoint::check_listen(&args.server)?;
@@ -51,10 +53,14 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     for manage in &args.common.manage {
         tracing::info!(file = %manage.path.display(), sources = %manage.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","), "also managing");
     }
+    for set in &args.common.manage_registries {
+        tracing::info!(dir = %set.dir.display(), sources = %set.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","), "also managing the registry CAs under");
+    }
     let metrics = Arc::new(Metrics::default());
     let (status_tx, status_rx) = watch::channel(Arc::default());
     let (liveness, pongs) = server::liveness();
     let (update_tx, update_rx) = mpsc::unbounded_channel();
+    let (registry_tx, registry_rx) = mpsc::unbounded_channel();
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
     // The credentials are followed for as long as the agent runs: missing (a new node whose
@@ -83,7 +89,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     // A directory that does not exist at start is a configuration error; later, one that
     // goes away is watched for until it is back.
     let plan = files::Plan::new(&args.common.managed_paths(), &sources)
-        .with_tls_files(&endpoint.tls_files());
+        .with_tls_files(&endpoint.tls_files())
+        .with_registry_dirs(&args.common.registry_dirs());
     for (dir, role) in plan.dirs() {
         if !dir.is_dir() {
             return Err(UsageError(format!("{} does not exist ({role})", dir.display())).into());
@@ -101,13 +108,21 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
     reconciler.start();
 
     if let Some(credentials) = &credentials {
-        cluster::watch_sources(credentials, &sources, &update_tx);
+        watch(
+            credentials,
+            &sources,
+            args.common.file_sources(),
+            update_tx,
+            registry_tx,
+        );
+    } else {
+        drop((update_tx, registry_tx));
     }
-    drop(update_tx);
 
     reconciler
         .run(Inputs {
             updates: update_rx,
+            registry_updates: registry_rx,
             files: fs_rx,
             pongs,
             sigterm,
@@ -115,4 +130,53 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
         })
         .await?;
     Ok(Exit::Success)
+}
+
+/// What a cluster source gives: certificates for a file, or a registry set's entries.
+#[derive(Clone)]
+enum Content {
+    Bundle(crate::bundle::SourceCertificates),
+    Entries(Arc<crate::registry::Entries>),
+}
+
+/// Starts one watch per object that the cluster sources read (SPEC 4b: one per object,
+/// whatever the number of fields used, by files and registry sets alike). The first
+/// `files` of `sources` feed files; the rest feed the registry sets.
+fn watch(
+    credentials: &Credentials,
+    sources: &[crate::source::SourceSpec],
+    files: usize,
+    updates: mpsc::UnboundedSender<cluster::Update>,
+    registry_updates: mpsc::UnboundedSender<RegistryUpdate>,
+) {
+    use crate::source::cluster::Event;
+    let registry_specs: std::collections::HashSet<_> = sources[files..].iter().cloned().collect();
+    let content = move |spec: &crate::source::SourceSpec, raw: cluster::Raw<'_>| {
+        // The flags never let one spec feed both a file and a registry set.
+        if registry_specs.contains(spec) {
+            cluster::registry_content(spec, raw).map(|e| Content::Entries(Arc::new(e)))
+        } else {
+            cluster::bundle_content(spec, raw).map(Content::Bundle)
+        }
+    };
+    let send = move |index: usize, event: Event<Content>, at| {
+        if index < files {
+            let event = event.filter_map(|c| match c {
+                Content::Bundle(c) => Some(c),
+                Content::Entries(_) => None,
+            });
+            if let Some(event) = event {
+                let _ = updates.send(cluster::Update { index, event, at });
+            }
+        } else {
+            let event = event.filter_map(|c| match c {
+                Content::Entries(e) => Some(e),
+                Content::Bundle(_) => None,
+            });
+            if let Some(event) = event {
+                let _ = registry_updates.send(RegistryUpdate { index, event, at });
+            }
+        }
+    };
+    cluster::watch_objects(credentials, sources, content, send);
 }

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
 use super::managed::Managed;
+use super::registries::{RegistrySet, RegistryUpdate};
 use crate::bundle::Fingerprint;
 use crate::cli::CommonArgs;
 use crate::exec::Hooks;
@@ -22,6 +23,7 @@ use crate::files::FsEvent;
 use crate::fsutil::FileKind;
 use crate::kubelet_config;
 use crate::metrics::{Metrics, RecordLabels};
+use crate::registry::CreatedRecord;
 use crate::server::Pongs;
 use crate::source::cluster::Update;
 use crate::state::Book;
@@ -59,6 +61,8 @@ pub(super) const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
 /// The channels the loop reads.
 pub struct Inputs {
     pub updates: mpsc::UnboundedReceiver<Update>,
+    /// The registry sets' cluster sources.
+    pub registry_updates: mpsc::UnboundedReceiver<RegistryUpdate>,
     pub files: mpsc::UnboundedReceiver<FsEvent>,
     /// Liveness pings from the HTTP server, answered between passes.
     pub pongs: Pongs,
@@ -218,6 +222,11 @@ impl<'a> From<&'a OnDisk> for Seen<'a> {
 pub struct Reconciler {
     /// `--bundle` first, then each `--manage` file.
     files: Vec<Managed>,
+    /// Each `--manage-registries` set.
+    sets: Vec<RegistrySet>,
+    /// What the agent created under the registry sets' directories, as saved.
+    created: CreatedRecord,
+    book: Book,
     /// The next re-verification of the files and the local sources.
     verify_at: Instant,
     /// What inotify does not watch, as the watcher last reported.
@@ -248,7 +257,11 @@ impl Reconciler {
         });
         // One book of managed-files.json for every file; each file's records on a thread
         // of its own.
-        let book = Book::open(&common.state_dir, &common.managed_paths());
+        let book = Book::open_with_sets(
+            &common.state_dir,
+            &common.managed_paths(),
+            &common.registry_dirs(),
+        );
         let target = |path: &std::path::Path| {
             let failures = metrics.clone();
             Target::for_file(common, path, book.clone()).with_background_records(move |record| {
@@ -282,8 +295,29 @@ impl Reconciler {
             ));
             first += manage.sources.len();
         }
+        let mut sets = Vec::new();
+        for set in &common.manage_registries {
+            sets.push(RegistrySet::new(
+                &set.dir,
+                &set.sources,
+                first,
+                metrics.clone(),
+                book.clone(),
+                &common.state_dir,
+            ));
+            first += set.sources.len();
+        }
+        let (created, problem) = book.state_dir().load_registry_record();
+        if let Some(problem) = problem {
+            tracing::warn!(
+                "cannot read the record of created registry files ({problem}): nothing under the registry directories is removed until the agent has made it again"
+            );
+        }
         Reconciler {
             files,
+            sets,
+            created,
+            book,
             verify_at: Instant::now() + VERIFY_EVERY,
             file_watch: Some("not started yet".to_string()),
             kubelet: kubelet_config::Reader::new(
@@ -302,6 +336,11 @@ impl Reconciler {
         for file in &mut self.files {
             file.start();
         }
+        let before = self.created.clone();
+        for set in &mut self.sets {
+            set.start(&mut self.created);
+        }
+        self.save_record(&before);
         self.publish();
     }
 
@@ -328,6 +367,7 @@ impl Reconciler {
             let deadline = [Some(boundary_at), Some(self.verify_at), next_watchdog]
                 .into_iter()
                 .chain(self.files.iter().map(Managed::next_due))
+                .chain(self.sets.iter().map(RegistrySet::next_due))
                 .flatten()
                 .min()
                 .expect("the boundary is always set");
@@ -339,6 +379,7 @@ impl Reconciler {
                     Some(update) => { self.on_update(update); work = true; }
                     None => updates_open = false,
                 },
+                Some(update) = inputs.registry_updates.recv() => { self.on_registry_update(update); work = true; }
                 Some(event) = inputs.files.recv() => work |= self.on_file_event(event),
                 Some(seen) = kubelet_reads.recv() => work |= self.kubelet.found(seen),
                 Some(()) = inputs.pongs.pings.recv() => { inputs.pongs.answer(); continue; }
@@ -349,6 +390,10 @@ impl Reconciler {
             // Take whatever else is queued, so that a burst costs one pass.
             while let Ok(update) = inputs.updates.try_recv() {
                 self.on_update(update);
+                work = true;
+            }
+            while let Ok(update) = inputs.registry_updates.try_recv() {
+                self.on_registry_update(update);
                 work = true;
             }
             while let Ok(event) = inputs.files.try_recv() {
@@ -381,6 +426,9 @@ impl Reconciler {
         for file in &mut self.files {
             file.due = true;
         }
+        for set in &mut self.sets {
+            set.due = true;
+        }
     }
 
     /// Does what is due at `now`: the re-verification, the reads of local sources, a recheck
@@ -396,13 +444,32 @@ impl Reconciler {
             for file in &mut self.files {
                 file.read_local_sources_at(now);
             }
+            for set in &mut self.sets {
+                set.read_local_sources_at(now);
+            }
             self.all_due();
             work = true;
         }
         for file in &mut self.files {
             work |= file.take_due(now);
         }
+        for set in &mut self.sets {
+            work |= set.take_due(now);
+        }
         work
+    }
+
+    /// The registry set, and its slot, of the loop's source `index`.
+    fn set_source(&mut self, index: usize) -> Option<(&mut RegistrySet, usize)> {
+        self.sets
+            .iter_mut()
+            .find_map(|set| set.source(index).map(|local| (set, local)))
+    }
+
+    fn on_registry_update(&mut self, update: RegistryUpdate) {
+        if let Some((set, local)) = self.set_source(update.index) {
+            set.on_update(local, update.event, update.at);
+        }
     }
 
     /// The file, and its position among the file's sources, of the loop's source `index`.
@@ -421,11 +488,20 @@ impl Reconciler {
                     file.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
                 }
             }
+            FsEvent::Registries(index) => {
+                if let Some(set) = self.sets.get_mut(index) {
+                    set.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                }
+            }
             FsEvent::Rescan => {
                 tracing::info!("looking at the managed files and the local sources again");
                 for file in &mut self.files {
                     file.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
                     file.read_local_sources_at(at);
+                }
+                for set in &mut self.sets {
+                    set.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                    set.read_local_sources_at(at);
                 }
             }
             FsEvent::Source {
@@ -435,6 +511,8 @@ impl Reconciler {
                 // Closed after writing, renamed into place or removed: read at once.
                 if let Some((file, local)) = self.source(index) {
                     file.slots[local].read_at = Some(at);
+                } else if let Some((set, local)) = self.set_source(index) {
+                    set.slots[local].read_at = Some(at);
                 }
             }
             FsEvent::Source {
@@ -446,6 +524,10 @@ impl Reconciler {
                 // the whole source.
                 if let Some((file, local)) = self.source(index) {
                     let slot = &mut file.slots[local];
+                    let first = *slot.writing_since.get_or_insert(at);
+                    slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
+                } else if let Some((set, local)) = self.set_source(index) {
+                    let slot = &mut set.slots[local];
                     let first = *slot.writing_since.get_or_insert(at);
                     slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
                 }
@@ -474,8 +556,24 @@ impl Reconciler {
             file.reconcile();
             largest = largest.max(file.built_len());
         }
+        let before = self.created.clone();
+        for set in self.sets.iter_mut().filter(|s| s.due) {
+            set.reconcile(&mut self.created);
+        }
+        self.save_record(&before);
         crate::runtime::allocator::after_pass(largest);
         self.publish();
+    }
+
+    /// Saves the record of created registry files when a pass changed it.
+    fn save_record(&self, before: &CreatedRecord) {
+        if self.created != *before
+            && let Err(e) = self.book.state_dir().save_registry_record(&self.created)
+        {
+            tracing::error!(
+                "cannot save the record of created registry files: {e}; what was created since may be left behind when its registry goes"
+            );
+        }
     }
 
     /// Time until the next instant a file's validity can change.
@@ -483,6 +581,7 @@ impl Reconciler {
         self.files
             .iter()
             .map(Managed::next_boundary)
+            .chain(self.sets.iter().map(RegistrySet::next_boundary))
             .min()
             .unwrap_or(BOUNDARY_RECHECK_MAX)
     }
@@ -494,7 +593,16 @@ impl Reconciler {
         let status = Status {
             file_watch: self.file_watch.clone(),
             kubelet: Some(self.kubelet.seen().clone()),
-            others: others.iter().map(|f| f.status.clone()).collect(),
+            others: others
+                .iter()
+                .map(|f| f.status.clone())
+                .chain(self.sets.iter().flat_map(|s| s.statuses.iter().cloned()))
+                .collect(),
+            notes: self
+                .sets
+                .iter()
+                .map(|s| (format!("registries:{}", s.root().display()), s.note.clone()))
+                .collect(),
             ..bundle.status.clone()
         };
         self.notifier.status(&status.summary());
@@ -975,6 +1083,7 @@ mod loop_tests {
         );
 
         let (_updates_tx, updates) = mpsc::unbounded_channel();
+        let (_registry_tx, registry_updates) = mpsc::unbounded_channel();
         let (files_tx, files) = mpsc::unbounded_channel();
         files_tx.send(FsEvent::Health(None)).unwrap();
         files_tx
@@ -986,6 +1095,7 @@ mod loop_tests {
         let (_liveness, pongs) = crate::server::liveness();
         let inputs = Inputs {
             updates,
+            registry_updates,
             files,
             pongs,
             sigterm: signal(SignalKind::terminate()).unwrap(),

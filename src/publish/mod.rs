@@ -741,6 +741,7 @@ impl Publisher {
             kubelet: None,
             others: Vec::new(),
             nothing_to_keep: false,
+            notes: Vec::new(),
         };
         self.status.send_replace(Arc::new(status));
     }

@@ -36,6 +36,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{DEFAULT_CONTROLLERCONFIG_FIELD, Keys, SourceError, SourceSpec, parse_parts};
 use crate::bundle::SourceCertificates;
 use crate::credentials::{Credentials, Current};
+use crate::registry;
 
 fn controllerconfig_resource() -> ApiResource {
     ApiResource {
@@ -90,6 +91,18 @@ pub enum Event<T> {
     WatchRestart(SourceError),
 }
 
+impl<T> Event<T> {
+    /// The same event with its content made into another kind, or `None` when `f` has
+    /// nothing to make of it.
+    pub fn filter_map<U>(self, f: impl FnOnce(T) -> Option<U>) -> Option<Event<U>> {
+        match self {
+            Event::Content(content) => f(content).map(Event::Content),
+            Event::Failed(e) => Some(Event::Failed(e)),
+            Event::WatchRestart(e) => Some(Event::WatchRestart(e)),
+        }
+    }
+}
+
 pub type SourceEvent = Event<SourceCertificates>;
 
 /// A named piece of a source's content: (which key, its bytes).
@@ -124,6 +137,34 @@ pub fn configmap_parts<'a>(
                 ),
             }),
         },
+    }
+}
+
+/// The entries of a registry set's cluster source (`--manage-registries`): a ControllerConfig
+/// registry list (absent or `null` is an empty list), or every key of a ConfigMap
+/// (`configmap:NS/NAME/*`, `data` and `binaryData` in key order), each key `host..port`
+/// one registry. Each entry is accepted or refused on its own ([`registry::entries`]).
+pub fn registry_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<registry::Entries, SourceError> {
+    let name = spec.to_string();
+    match (spec, raw) {
+        (SourceSpec::ControllerConfig { field, .. }, Raw::Field(value)) => Ok(registry::from_list(
+            &name,
+            field,
+            value.unwrap_or(&serde_json::Value::Null),
+        )),
+        (SourceSpec::ConfigMap { keys, .. }, Raw::ConfigMap(configmap)) => {
+            let parts = configmap_parts(&name, configmap, keys)?;
+            let keys = parts.iter().map(|(part, bytes)| {
+                let key = part.as_deref().unwrap_or_default();
+                (key.strip_prefix("key ").unwrap_or(key), *bytes)
+            });
+            Ok(registry::from_configmap(&name, keys))
+        }
+        _ => Err(SourceError::Invalid {
+            spec: name,
+            reason: "not_a_registry_source",
+            problem: "not a source of registry CAs".to_string(),
+        }),
     }
 }
 

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use super::{SourceError, SourceSpec, parse_parts};
 use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates};
 use crate::fsutil::{Links, not_regular, open_regular, read_bounded};
+use crate::registry;
 
 /// Reads and validates a local source. Panics if `spec` is a cluster source.
 pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
@@ -96,6 +97,33 @@ fn read_parts(spec: &SourceSpec) -> Result<Vec<ReadPart>, SourceError> {
         }
         _ => panic!("local::load called for cluster source {name}"),
     }
+}
+
+/// The entries of a `dir:` source of a registry set (`--manage-registries`): each
+/// `<host..port>.crt` file is one registry ([`registry::from_dir`]), read as a `dir:`
+/// source's files are (regular files only, each up to the size limit; an empty one is
+/// being written, and fails the read so that its registry is not taken for gone).
+pub fn registry_entries(spec: &SourceSpec) -> Result<registry::Entries, SourceError> {
+    let name = spec.to_string();
+    let SourceSpec::Dir(dir) = spec else {
+        panic!("local::registry_entries called for {name}");
+    };
+    let mut files = Vec::new();
+    for path in dir_members(&name, dir)? {
+        if path.extension().and_then(|e| e.to_str()) != Some("crt") {
+            continue;
+        }
+        let bytes = read_limited(&name, &path, MAX_SOURCE_BYTES)?;
+        if bytes.is_empty() {
+            return Err(SourceError::Invalid {
+                spec: name,
+                reason: "empty_file",
+                problem: format!("{} is empty (being written?)", path.display()),
+            });
+        }
+        files.push((path, bytes));
+    }
+    Ok(registry::from_dir(&name, files))
 }
 
 /// The files a `dir:` source is made of, in name order.

@@ -84,6 +84,31 @@ impl SourceSpec {
     }
 }
 
+impl SourceSpec {
+    /// Refuses, as a usage error naming the spec, a spec that cannot feed a registry set
+    /// (`--manage-registries`): anything but a ControllerConfig registry list, a whole
+    /// ConfigMap (`configmap:NS/NAME/*`) or a `dir:` source.
+    pub fn check_registry_source(&self) -> Result<(), SpecError> {
+        let problem = match self {
+            SourceSpec::ControllerConfig { .. } if self.is_registry_list() => return Ok(()),
+            SourceSpec::ConfigMap {
+                keys: Keys::All, ..
+            }
+            | SourceSpec::Dir(_) => return Ok(()),
+            SourceSpec::ControllerConfig { field, .. } => format!(
+                "spec.{field} is one PEM bundle, not a list of registry CAs: a registry set reads {}",
+                REGISTRY_LIST_FIELDS.join(" or ")
+            ),
+            SourceSpec::ConfigMap { .. } => "one key of a ConfigMap is one bundle, not a set of registries: write configmap:NS/NAME/* to take each key (host..port) as one registry".to_string(),
+            SourceSpec::File(_) => "a file: source is one bundle, not a set of registries: use dir:PATH, whose <host..port>.crt files are one registry each".to_string(),
+        };
+        Err(SpecError {
+            spec: self.to_string(),
+            problem,
+        })
+    }
+}
+
 /// Why a registry list cannot be read as a bundle, and where it belongs instead.
 pub fn not_a_bundle(field: &str) -> String {
     format!(

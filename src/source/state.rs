@@ -36,27 +36,22 @@ impl SourceState {
     /// Takes an event of the source in, counting and logging it; true when the content
     /// changed (the same certificates again are no change).
     pub fn observe(&mut self, event: SourceEvent, metrics: &Metrics) -> bool {
-        let labels = |reason: &str| SourceReasonLabels {
-            source: self.name.clone(),
-            reason: reason.to_string(),
-        };
         match event {
             SourceEvent::Content(content) => {
                 let changed = self
                     .content
                     .as_ref()
                     .is_none_or(|old| fingerprints(old) != fingerprints(&content));
-                if !self.up {
-                    tracing::info!(source = %self.name, certificates = content.certificates.len(), "source is up");
-                }
-                self.up = true;
-                self.problem = None;
+                self.came_up(content.certificates.len());
                 if changed {
                     if !content.not_ca.is_empty() {
                         let count = content.not_ca.len() as u64;
                         metrics
                             .rejected_certificates
-                            .get_or_create(&labels("not_ca"))
+                            .get_or_create(&SourceReasonLabels {
+                                source: self.name.clone(),
+                                reason: "not_ca".to_string(),
+                            })
                             .inc_by(count);
                     }
                     super::warn_not_ca(&self.spec, &content);
@@ -73,33 +68,51 @@ impl SourceState {
                 changed
             }
             SourceEvent::Failed(error) => {
-                metrics
-                    .source_errors
-                    .get_or_create(&labels(error.reason()))
-                    .inc();
-                self.report(
-                    &error,
-                    "source update rejected; keeping its last good content",
-                );
+                self.failed(&error, false, metrics);
                 false
             }
             SourceEvent::WatchRestart(error) => {
-                metrics
-                    .source_errors
-                    .get_or_create(&labels(error.reason()))
-                    .inc();
-                metrics
-                    .watch_restarts
-                    .get_or_create(&SourceLabels {
-                        source: self.name.clone(),
-                    })
-                    .inc();
-                self.report(
-                    &error,
-                    "watch failed; retrying with backoff, keeping the last good content",
-                );
+                self.failed(&error, true, metrics);
                 false
             }
+        }
+    }
+
+    /// The source answered with content it can use (`certificates` of them, or entries).
+    pub fn came_up(&mut self, certificates: usize) {
+        if !self.up {
+            tracing::info!(source = %self.name, certificates, "source is up");
+        }
+        self.up = true;
+        self.problem = None;
+    }
+
+    /// The source could not be used (`restart`: its watch failed and is being restarted):
+    /// counted, and logged once per distinct problem; its last good content stays.
+    pub fn failed(&mut self, error: &SourceError, restart: bool, metrics: &Metrics) {
+        metrics
+            .source_errors
+            .get_or_create(&SourceReasonLabels {
+                source: self.name.clone(),
+                reason: error.reason().to_string(),
+            })
+            .inc();
+        if restart {
+            metrics
+                .watch_restarts
+                .get_or_create(&SourceLabels {
+                    source: self.name.clone(),
+                })
+                .inc();
+            self.report(
+                error,
+                "watch failed; retrying with backoff, keeping the last good content",
+            );
+        } else {
+            self.report(
+                error,
+                "source update rejected; keeping its last good content",
+            );
         }
     }
 

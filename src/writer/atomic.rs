@@ -81,6 +81,12 @@ pub fn replace(target: &Path, content: &[u8], attributes: &Attributes) -> Result
     Ok(())
 }
 
+/// Whether `name` is one of this agent's temporary files (a write in progress, or one a
+/// killed run left behind).
+pub fn is_temp_file_name(name: &str) -> bool {
+    name.contains(TEMP_MARKER)
+}
+
 /// Removes temporary files of this agent in `dir` left behind by a process that was killed
 /// between create and rename. A writer holds an exclusive lock on its temporary file until
 /// the rename, so a file whose lock can be taken has no writer left (a PID could have been
@@ -96,7 +102,7 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        if !name.to_string_lossy().contains(TEMP_MARKER) {
+        if !is_temp_file_name(&name.to_string_lossy()) {
             continue;
         }
         let path = entry.path();

@@ -1,0 +1,892 @@
+//! One registry set (`--manage-registries DIR=SPEC,...`, SPEC 4b) in the loop: its entry
+//! sources, and the registry files under DIR. The rules are the pure [`crate::registry`]
+//! module's; this is its effects layer: it reads the sources and DIR, asks
+//! [`registry::plan`] what to do, does it (directories 0755, each `ca.crt` replaced
+//! atomically 0644 root:root by the bundle's own writer, removals of what the agent created
+//! only), keeps the record, and says how each registry file stands.
+//!
+//! Every registry file has the guarantees of the bundle: validated content, a write only
+//! when its bytes change, repair of its content, mode and owner (with the bundle's
+//! backoff against a writer that fights back), history of what it replaced, its own
+//! `filepath` in the metrics, its line in `/readyz?verbose` and its entry in
+//! `managed-files.json`. A bad entry costs its registry alone; nothing is written or
+//! removed before every source has been read once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use super::reconciler::{BOUNDARY_RECHECK_MAX, Backoff};
+use crate::bundle::{self, Fingerprint};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
+use crate::registry::{
+    self, CaFile, Created, CreatedRecord, Entries, Listing, OnDisk as RegistryOnDisk, Plan,
+    ProblemKind, RegistryName, Root, Why,
+};
+use crate::source::cluster::Event;
+use crate::source::state::SourceState;
+use crate::source::{SourceSpec, local};
+use crate::state::Book;
+use crate::status::{Status, TargetKind, unix_now};
+use crate::writer::history::History;
+use crate::writer::{BundleWriter, OnDisk, Outcome};
+
+/// One update of a registry set's cluster source, for the loop.
+#[derive(Debug)]
+pub struct RegistryUpdate {
+    /// Position of the source among all the loop's sources (the files' first).
+    pub index: usize,
+    pub event: Event<Arc<Entries>>,
+    pub at: Instant,
+}
+
+/// What the loop knows about one entry source.
+pub(super) struct RegistrySlot {
+    pub(super) source: SourceState,
+    /// The last good entries: kept while the source fails.
+    entries: Option<Arc<Entries>>,
+    /// For a `dir:` source: read again at this instant.
+    pub(super) read_at: Option<Instant>,
+    /// The first in-place change that `read_at` waits to see finished.
+    pub(super) writing_since: Option<Instant>,
+    read_retry: Backoff,
+}
+
+pub(super) struct RegistrySet {
+    /// DIR as given: the record's key.
+    dir: PathBuf,
+    /// DIR made absolute: where the files are.
+    root: PathBuf,
+    /// Position of its first source among all the loop's sources.
+    first: usize,
+    pub(super) slots: Vec<RegistrySlot>,
+    /// Each registry's content as this agent last wrote it or found it in sync: a file
+    /// that differs from an unchanged goal is drift to repair.
+    written: BTreeMap<String, Fingerprint>,
+    /// The refusals and warnings already logged and counted, so that each is said once
+    /// while it lasts.
+    said: BTreeSet<String>,
+    /// The file paths whose counters have their series.
+    known_paths: BTreeSet<String>,
+    /// Something under DIR changed: look at it at this instant.
+    pub(super) recheck_at: Option<Instant>,
+    /// A pass was put off by a backoff: run one at this instant.
+    pub(super) retry_at: Option<Instant>,
+    pub(super) due: bool,
+    repair: Backoff,
+    write_retry: Backoff,
+    /// The registries whose last write failed, and why.
+    failed: BTreeMap<String, String>,
+    /// When the oldest source change not yet on disk arrived.
+    pending_since: Option<Instant>,
+    /// The next instant a registry file's validity changes (unix seconds).
+    boundary: Option<i64>,
+    is_root: bool,
+    metrics: Arc<Metrics>,
+    book: Book,
+    state_dir: PathBuf,
+    /// Each registry file's state, as the last pass found it.
+    pub(super) statuses: Vec<Status>,
+    /// What concerns the set rather than one file (entries that name no registry, a DIR
+    /// that is not a directory): `None` when nothing.
+    pub(super) note: Option<String>,
+}
+
+/// Mode of the directories the agent makes, whatever the umask.
+const DIRECTORY_MODE: u32 = registry::plan::DIRECTORY_MODE;
+/// Mode of every registry file.
+const FILE_MODE: u32 = registry::plan::FILE_MODE;
+
+impl RegistrySet {
+    pub(super) fn new(
+        dir: &Path,
+        sources: &[SourceSpec],
+        first: usize,
+        metrics: Arc<Metrics>,
+        book: Book,
+        state_dir: &Path,
+    ) -> RegistrySet {
+        for spec in sources {
+            metrics.init_source(spec);
+        }
+        RegistrySet {
+            dir: dir.to_path_buf(),
+            root: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
+            first,
+            slots: sources
+                .iter()
+                .map(|spec| RegistrySlot {
+                    source: SourceState::new(spec),
+                    entries: None,
+                    read_at: None,
+                    writing_since: None,
+                    read_retry: Backoff::default(),
+                })
+                .collect(),
+            written: BTreeMap::new(),
+            said: BTreeSet::new(),
+            known_paths: BTreeSet::new(),
+            recheck_at: None,
+            retry_at: None,
+            due: false,
+            repair: Backoff::default(),
+            write_retry: Backoff::default(),
+            failed: BTreeMap::new(),
+            pending_since: None,
+            boundary: None,
+            is_root: nix::unistd::geteuid().is_root(),
+            metrics,
+            book,
+            state_dir: state_dir.to_path_buf(),
+            statuses: Vec::new(),
+            note: None,
+        }
+    }
+
+    /// The position among this set's sources of the loop's source `index`, if it is one.
+    pub(super) fn source(&self, index: usize) -> Option<usize> {
+        index
+            .checked_sub(self.first)
+            .filter(|&local| local < self.slots.len())
+    }
+
+    /// Every `dir:` source is read again at `at` (the re-verification, or a rescan).
+    pub(super) fn read_local_sources_at(&mut self, at: Instant) {
+        for slot in self
+            .slots
+            .iter_mut()
+            .filter(|s| !s.source.spec.is_cluster())
+        {
+            slot.read_at = Some(at);
+        }
+    }
+
+    /// The earliest instant this set has something to do.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        [self.recheck_at, self.retry_at]
+            .into_iter()
+            .chain(self.slots.iter().map(|s| s.read_at))
+            .flatten()
+            .min()
+    }
+
+    /// Does what is due at `now`; true when a pass is called for.
+    pub(super) fn take_due(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        for index in 0..self.slots.len() {
+            if self.slots[index].read_at.is_some_and(|t| t <= now) {
+                self.slots[index].read_at = None;
+                self.slots[index].writing_since = None;
+                self.read_local(index, now);
+                work = true;
+            }
+        }
+        for due in [&mut self.recheck_at, &mut self.retry_at] {
+            if due.is_some_and(|t| t <= now) {
+                *due = None;
+                work = true;
+            }
+        }
+        self.due |= work;
+        work
+    }
+
+    /// Reads the `dir:` sources, and runs the first pass. No API call happens here.
+    pub(super) fn start(&mut self, record: &mut CreatedRecord) {
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            if !self.slots[index].source.spec.is_cluster() {
+                self.read_local(index, now);
+            }
+        }
+        self.reconcile(record);
+    }
+
+    /// Reads a `dir:` source now; a read that failed is retried with backoff.
+    pub(super) fn read_local(&mut self, index: usize, at: Instant) {
+        let slot = &mut self.slots[index];
+        let result = local::registry_entries(&slot.source.spec);
+        match &result {
+            Err(error) if local::retryable(error) => {
+                slot.read_retry.step_read(at);
+                slot.read_at = slot.read_retry.until;
+            }
+            _ => slot.read_retry.clear(),
+        }
+        let event = match result {
+            Ok(entries) => Event::Content(Arc::new(entries)),
+            Err(error) => Event::Failed(error),
+        };
+        self.on_update(index, event, at);
+    }
+
+    /// A source's news (by its position among this set's sources).
+    pub(super) fn on_update(&mut self, index: usize, event: Event<Arc<Entries>>, at: Instant) {
+        let slot = &mut self.slots[index];
+        match event {
+            Event::Content(entries) => {
+                slot.source.came_up(entries.entries.len());
+                if slot.entries.as_deref() != Some(&*entries) {
+                    tracing::info!(source = %slot.source.name, registries = entries.entries.len(), refused = entries.refused.len(), "source content changed");
+                    slot.entries = Some(entries);
+                    slot.source.last_change = Some(unix_now());
+                    self.pending_since.get_or_insert(at);
+                }
+            }
+            Event::Failed(error) => slot.source.failed(&error, false, &self.metrics),
+            Event::WatchRestart(error) => slot.source.failed(&error, true, &self.metrics),
+        }
+        self.due = true;
+    }
+
+    /// Time until a registry file's validity changes.
+    pub(super) fn next_boundary(&self) -> Duration {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        self.boundary
+            .filter(|&t| t > now)
+            .map_or(BOUNDARY_RECHECK_MAX, |t| {
+                Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
+            })
+    }
+
+    /// The set's directory, absolute.
+    pub(super) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of a registry's file.
+    fn path_of(&self, dir: &str) -> PathBuf {
+        self.root.join(dir).join(registry::plan::CA_FILE)
+    }
+
+    /// One pass over the set: builds what the sources want, looks at DIR, does what the
+    /// plan says, and records it in `record` (saved by the caller when it changed).
+    pub(super) fn reconcile(&mut self, record: &mut CreatedRecord) {
+        self.due = false;
+        let now = OffsetDateTime::now_utc();
+        let at = Instant::now();
+        let created = record.sets.get(&self.dir).cloned().unwrap_or_default();
+        let unread: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|s| s.entries.is_none())
+            .map(|s| s.source.name.clone())
+            .collect();
+        if !unread.is_empty() {
+            // The first source naming a registry wins: until each has been read, what the
+            // others say may be shadowed, and a registry missing from them may only be
+            // unread. Nothing is written or removed meanwhile; the files stand as found.
+            self.unknown(&created, &unread);
+            return;
+        }
+        let merged = registry::merge(
+            self.slots
+                .iter()
+                .filter_map(|s| s.entries.as_deref().cloned()),
+        );
+        let built = registry::build(merged, now.unix_timestamp());
+        self.say(&built);
+        let names = registry::to_look_at(&created, &built.desired);
+        let (listing, found) = self.list(&names);
+        let plan = registry::plan(&created, &built.desired, &listing);
+        let mut outcome = self.apply(&plan, &found, now, at);
+        let mut kept = plan.record.clone();
+        outcome.correct(&mut kept);
+        if kept.is_empty() {
+            record.sets.remove(&self.dir);
+        } else {
+            record.sets.insert(self.dir.clone(), kept);
+        }
+        self.describe(&built, &plan, &found, &outcome, now.unix_timestamp());
+        if outcome.errors.is_empty() && self.statuses.iter().all(|s| s.in_sync == Some(true)) {
+            self.pending_since = None;
+        }
+    }
+
+    /// Logs and counts, once each while they last, the set's refusals, shadowed entries and
+    /// content warnings.
+    fn say(&mut self, built: &registry::Built) {
+        let mut now_said = BTreeSet::new();
+        for refused in &built.refused {
+            let line = refused.to_string();
+            if !self.said.contains(&line) {
+                tracing::warn!(dir = %self.root.display(), reason = refused.error.reason(), "registry entry refused: {line}");
+                self.metrics
+                    .source_errors
+                    .get_or_create(&crate::metrics::SourceReasonLabels {
+                        source: refused.place.source.clone(),
+                        reason: refused.error.reason().to_string(),
+                    })
+                    .inc();
+            }
+            now_said.insert(line);
+        }
+        for shadowed in &built.shadowed {
+            let line = shadowed.to_string();
+            if !self.said.contains(&line) {
+                tracing::info!(dir = %self.root.display(), "{line}");
+            }
+            now_said.insert(line);
+        }
+        for warning in &built.warnings {
+            let line = warning.to_string();
+            if !self.said.contains(&line) {
+                tracing::warn!(dir = %self.root.display(), reason = warning.warning.reason(), "{line}");
+            }
+            now_said.insert(line);
+        }
+        self.said = now_said;
+    }
+
+    /// What is on disk for each of `names` under DIR, never following a link: the plan's
+    /// listing, and each regular `ca.crt` as the writer read it (for its stat and
+    /// SELinux label when it is replaced).
+    fn list(&self, names: &BTreeSet<String>) -> (Listing, BTreeMap<String, OnDisk>) {
+        let root = match fs::symlink_metadata(&self.root) {
+            Ok(m) if m.is_dir() => Root::Directory,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Root::Missing,
+            _ => Root::NotADirectory,
+        };
+        let mut listing = Listing {
+            root,
+            registries: BTreeMap::new(),
+        };
+        let mut found = BTreeMap::new();
+        if root != Root::Directory {
+            return (listing, found);
+        }
+        for name in names {
+            let dir = self.root.join(name);
+            let on_disk = match fs::symlink_metadata(&dir) {
+                Err(_) => continue,
+                Ok(m) if m.file_type().is_symlink() => RegistryOnDisk::Symlink,
+                Ok(m) if !m.is_dir() => RegistryOnDisk::NotADirectory,
+                Ok(_) => {
+                    let writer = BundleWriter::new(self.path_of(name), FILE_MODE);
+                    let ca = match writer.read_current() {
+                        Ok(OnDisk::Missing) => CaFile::Missing,
+                        Ok(OnDisk::Regular { bytes, stat }) => {
+                            found.insert(
+                                name.clone(),
+                                OnDisk::Regular {
+                                    bytes: bytes.clone(),
+                                    stat,
+                                },
+                            );
+                            CaFile::Regular(bytes)
+                        }
+                        Ok(OnDisk::Other(crate::fsutil::FileKind::Symlink)) => CaFile::Symlink,
+                        Ok(OnDisk::Other(_)) => CaFile::NotRegular,
+                        Err(e) => CaFile::Unreadable(e.to_string()),
+                    };
+                    RegistryOnDisk::Directory {
+                        ca,
+                        others: holds_others(&dir),
+                    }
+                }
+            };
+            listing.registries.insert(name.clone(), on_disk);
+        }
+        (listing, found)
+    }
+
+    /// Does what `plan` says, in its order; a step that fails costs its registry alone.
+    fn apply(
+        &mut self,
+        plan: &Plan,
+        found: &BTreeMap<String, OnDisk>,
+        now: OffsetDateTime,
+        at: Instant,
+    ) -> Outcome2 {
+        let mut outcome = Outcome2::default();
+        let owner = self.is_root.then_some((0, 0));
+        if plan.create_root {
+            let made = fs::DirBuilder::new()
+                .recursive(true)
+                .mode(DIRECTORY_MODE)
+                .create(&self.root);
+            if let Err(e) = made {
+                let problem = format!("cannot create {}: {e}", self.root.display());
+                for write in &plan.writes {
+                    outcome.fail(write.name.dir(), problem.clone());
+                }
+            }
+        }
+        for name in &plan.create_directories {
+            let dir = self.root.join(name.dir());
+            let made = fs::DirBuilder::new()
+                .mode(DIRECTORY_MODE)
+                .create(&dir)
+                .and_then(|()| {
+                    // The umask may have taken bits away.
+                    fs::set_permissions(&dir, fs::Permissions::from_mode(DIRECTORY_MODE))
+                });
+            match made {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "created the registry directory");
+                }
+                Err(e) => {
+                    outcome.not_made.insert(name.dir().to_string());
+                    outcome.fail(
+                        name.dir(),
+                        format!("cannot create the directory {}: {e}", dir.display()),
+                    );
+                }
+            }
+        }
+        let repairs_wait = self.repair.blocked(at);
+        let writes_wait = self.write_retry.blocked(at);
+        for write in &plan.writes {
+            let dir = write.name.dir();
+            if outcome.errors.contains_key(dir) {
+                if write.creates {
+                    outcome.not_written.insert(dir.to_string());
+                }
+                continue;
+            }
+            let sha256 = Fingerprint::of(&write.bytes);
+            let repair = self.written.get(dir) == Some(&sha256);
+            let failed_before = self.failed.contains_key(dir);
+            let wait = if repair { repairs_wait } else { None }.or(if failed_before {
+                writes_wait
+            } else {
+                None
+            });
+            if let Some(until) = wait {
+                self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
+                let why = if repair {
+                    "something else keeps changing the file: repairs back off".to_string()
+                } else {
+                    format!(
+                        "{}; retrying with backoff",
+                        self.failed.get(dir).cloned().unwrap_or_default()
+                    )
+                };
+                outcome.waiting.insert(dir.to_string(), why);
+                if write.creates {
+                    outcome.not_written.insert(dir.to_string());
+                }
+                continue;
+            }
+            let path = self.path_of(dir);
+            let filepath = path.display().to_string();
+            self.init_counters(&filepath);
+            let writer = BundleWriter::new(path, FILE_MODE);
+            let current = found.get(dir).cloned().unwrap_or(OnDisk::Missing);
+            match writer.write(&write.bytes, &current, owner) {
+                Ok(Outcome::Unchanged) => {}
+                Ok(Outcome::Replaced { previous }) => {
+                    let labels = FileLabels {
+                        filepath: filepath.clone(),
+                    };
+                    self.metrics.writes.get_or_create(&labels).inc();
+                    if repair {
+                        self.metrics.repairs.get_or_create(&labels).inc();
+                        self.repair.step_repair(at);
+                        tracing::warn!(file = %filepath, "repaired the registry CA: something else had changed or removed it");
+                    } else {
+                        tracing::info!(file = %filepath, sha256 = %sha256.to_hex(), "registry CA written");
+                        // What it replaced, when it was certificates, goes to history.
+                        if let Some(previous) = previous
+                            && !bundle::parse::scan(&previous).certificates.is_empty()
+                        {
+                            let history = History::new(&crate::target::file_state_dir(
+                                &self.state_dir,
+                                writer.path(),
+                            ));
+                            if let Some(parent) = history.dir().parent()
+                                && let Err(e) = fs::create_dir_all(parent)
+                                    .and_then(|()| history.record(&previous, now).map(drop))
+                            {
+                                tracing::warn!(file = %filepath, "cannot keep the replaced registry CA in history: {e}");
+                            }
+                        }
+                        if let Some(since) = self.pending_since {
+                            self.metrics
+                                .sync_duration
+                                .observe(since.elapsed().as_secs_f64());
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.count_sync_error(&filepath, e.reason());
+                    tracing::error!(reason = e.reason(), "{e}");
+                    if !failed_before {
+                        self.write_retry.clear();
+                    }
+                    self.write_retry.step_write(at);
+                    if let Some(until) = self.write_retry.until {
+                        self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
+                    }
+                    self.failed.insert(dir.to_string(), e.to_string());
+                    outcome.fail(dir, e.to_string());
+                    if write.creates {
+                        outcome.not_written.insert(dir.to_string());
+                    }
+                    continue;
+                }
+            }
+            self.failed.remove(dir);
+            self.written.insert(dir.to_string(), sha256);
+            outcome.on_disk.insert(dir.to_string(), write.bytes.clone());
+        }
+        if self.failed.is_empty() {
+            self.write_retry.clear();
+        }
+        // A registry file as it should be, but with another mode or owner: put back in
+        // place, under the repairs' backoff.
+        for name in &plan.unchanged {
+            let dir = name.dir();
+            if !plan.record.files.contains(dir) {
+                continue;
+            }
+            let Some(OnDisk::Regular { bytes, stat }) = found.get(dir) else {
+                continue;
+            };
+            self.written.insert(dir.to_string(), Fingerprint::of(bytes));
+            let wrong_mode = stat.mode != FILE_MODE;
+            let wrong_owner = owner.is_some_and(|o| o != (stat.uid, stat.gid));
+            if !(wrong_mode || wrong_owner) {
+                continue;
+            }
+            if let Some(until) = repairs_wait {
+                self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
+                outcome.waiting.insert(
+                    dir.to_string(),
+                    "something else keeps changing the file's mode or owner: repairs back off"
+                        .to_string(),
+                );
+                continue;
+            }
+            let path = self.path_of(dir);
+            let filepath = path.display().to_string();
+            match BundleWriter::new(path, FILE_MODE).repair_attributes(stat, owner) {
+                Ok(true) => {
+                    self.init_counters(&filepath);
+                    self.metrics
+                        .repairs
+                        .get_or_create(&FileLabels {
+                            filepath: filepath.clone(),
+                        })
+                        .inc();
+                    self.repair.step_repair(at);
+                    tracing::warn!(file = %filepath, mode = format!("{:o}", stat.mode), uid = stat.uid, gid = stat.gid, "repaired the registry CA's mode or owner: something else had changed it");
+                }
+                Ok(false) => self.recheck_at = Some(at),
+                Err(e) => {
+                    self.count_sync_error(&filepath, "attributes");
+                    outcome.fail(
+                        dir,
+                        format!("cannot repair the mode or owner of {filepath}: {e}"),
+                    );
+                }
+            }
+        }
+        for name in &plan.remove_files {
+            let path = self.path_of(name.dir());
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(file = %path.display(), "removed the registry CA: its registry left the sources");
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::error!(file = %path.display(), "cannot remove the registry CA: {e}");
+                    outcome.not_removed.insert(name.dir().to_string());
+                    continue;
+                }
+            }
+            self.written.remove(name.dir());
+            self.failed.remove(name.dir());
+            if let Err(e) = self.book.forget(&path) {
+                tracing::warn!("cannot update managed-files.json: {e}");
+            }
+        }
+        for name in &plan.remove_directories {
+            let dir = self.root.join(name.dir());
+            match fs::remove_dir(&dir) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed the registry directory the agent had made");
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    // Something appeared in it since it was listed: it stays, and stays
+                    // recorded, to go once it is empty.
+                    tracing::info!(dir = %dir.display(), "the registry directory stays: {e}");
+                    outcome.dirs_kept.insert(name.dir().to_string());
+                }
+            }
+        }
+        outcome
+    }
+
+    /// The state of each registry file after a pass, for health and metrics.
+    fn describe(
+        &mut self,
+        built: &registry::Built,
+        plan: &Plan,
+        found: &BTreeMap<String, OnDisk>,
+        outcome: &Outcome2,
+        now: i64,
+    ) {
+        let sources: Vec<_> = self.slots.iter().map(|s| s.source.status()).collect();
+        let mut problems: BTreeMap<String, String> = BTreeMap::new();
+        let mut notes: Vec<String> = Vec::new();
+        for problem in &plan.problems {
+            match (&problem.name, &problem.kind) {
+                (_, ProblemKind::RootNotADirectory) | (_, ProblemKind::InvalidRecordEntry) => {
+                    notes.push(problem.to_string())
+                }
+                (Some(name), _) => {
+                    problems.insert(name.clone(), problem.to_string());
+                }
+                (None, _) => notes.push(problem.to_string()),
+            }
+        }
+        // Refusals that concern a registry hold it; the others name no registry.
+        let mut refusals: BTreeMap<String, String> = BTreeMap::new();
+        for refused in &built.refused {
+            let held = refused_registry(&refused.error)
+                .and_then(|raw| RegistryName::parse(raw).ok())
+                .filter(|n| built.desired.held.contains(n));
+            match held {
+                Some(name) => {
+                    refusals.insert(
+                        name.dir().to_string(),
+                        format!("{refused}; the file stays as it is"),
+                    );
+                }
+                None => notes.push(format!("entry refused: {refused}")),
+            }
+        }
+        let root_problem = (plan
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::RootNotADirectory))
+        .then(|| format!("{} is not a directory", self.root.display()));
+        let removals_held: BTreeSet<&str> = plan
+            .left_alone
+            .iter()
+            .filter(|l| l.why == Why::RemovalsHeld)
+            .map(|l| l.name.as_str())
+            .collect();
+        let mut names: BTreeSet<String> = built
+            .desired
+            .files
+            .keys()
+            .chain(&built.desired.held)
+            .map(|n| n.dir().to_string())
+            .collect();
+        names.extend(problems.keys().cloned());
+        names.extend(removals_held.iter().map(|s| s.to_string()));
+        let mut statuses = Vec::with_capacity(names.len());
+        let mut boundary: Option<i64> = None;
+        for name in names {
+            let path = self.path_of(&name);
+            let filepath = path.display().to_string();
+            self.init_counters(&filepath);
+            let bytes: Option<&[u8]> = outcome
+                .on_disk
+                .get(&name)
+                .map(Vec::as_slice)
+                .or_else(|| found.get(&name).and_then(OnDisk::bytes));
+            let goal = RegistryName::parse(&name)
+                .ok()
+                .and_then(|n| built.desired.files.get(&n).map(Vec::as_slice));
+            let certificates = match bytes {
+                Some(b) => crate::target::readable_certificates(b),
+                None => Vec::new(),
+            };
+            for c in &certificates {
+                for t in [c.not_before, c.not_after.saturating_add(1)] {
+                    if t > now {
+                        boundary = Some(boundary.map_or(t, |b| b.min(t)));
+                    }
+                }
+            }
+            let valid = certificates.iter().any(|c| c.is_valid_at(now));
+            let file_problem = match (bytes, valid) {
+                (None, _) => Some(format!("{filepath} does not exist")),
+                (Some(_), false) if certificates.is_empty() => {
+                    Some("the file holds no certificate".to_string())
+                }
+                (Some(_), false) => Some("no certificate in the file is valid now".to_string()),
+                _ => None,
+            };
+            let sync_problem = root_problem
+                .clone()
+                .or_else(|| problems.get(&name).cloned())
+                .or_else(|| outcome.errors.get(&name).cloned())
+                .or_else(|| outcome.waiting.get(&name).cloned())
+                .or_else(|| refusals.get(&name).cloned())
+                .or_else(|| {
+                    removals_held.contains(name.as_str()).then(|| {
+                        "its registry left the sources, but a source could not be read whole: nothing is removed until it can".to_string()
+                    })
+                })
+                .or_else(|| match (goal, bytes) {
+                    (Some(goal), Some(bytes)) if goal == bytes => None,
+                    (Some(_), _) => Some("the file differs from the sources".to_string()),
+                    (None, _) => None,
+                });
+            let in_sync = sync_problem.is_none();
+            if in_sync && let Some(bytes) = bytes {
+                let sha256 = Fingerprint::of(bytes).to_hex();
+                if let Err(e) = self.book.record(&path, &sha256) {
+                    tracing::warn!("cannot update managed-files.json: {e}");
+                }
+            }
+            statuses.push(Status {
+                kind: TargetKind::File,
+                bundle_path: filepath,
+                sha256: bytes.map(|b| Fingerprint::of(b).to_hex()),
+                certificates,
+                file_valid: valid,
+                file_problem,
+                in_sync: Some(in_sync),
+                sync_problem,
+                sources: sources.clone(),
+                last_sync: in_sync.then(unix_now),
+                ..Status::default()
+            });
+        }
+        self.boundary = boundary;
+        self.statuses = statuses;
+        self.note = (!notes.is_empty()).then(|| notes.join("; "));
+    }
+
+    /// The state while a source has not been read: each file the agent made is listed,
+    /// as it is on disk, with its sync not known.
+    fn unknown(&mut self, created: &Created, unread: &[String]) {
+        let why = format!(
+            "not known yet: {} of {} sources not read yet ({}); nothing under {} is written or removed until each has been read",
+            unread.len(),
+            self.slots.len(),
+            unread.join(", "),
+            self.root.display()
+        );
+        let sources: Vec<_> = self.slots.iter().map(|s| s.source.status()).collect();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        self.statuses = created
+            .files
+            .iter()
+            .map(|name| {
+                let path = self.path_of(name);
+                let on_disk = BundleWriter::new(path.clone(), FILE_MODE).read_current();
+                let bytes = match &on_disk {
+                    Ok(OnDisk::Regular { bytes, .. }) => Some(bytes.as_slice()),
+                    _ => None,
+                };
+                let certificates = bytes
+                    .map(crate::target::readable_certificates)
+                    .unwrap_or_default();
+                let valid = certificates.iter().any(|c| c.is_valid_at(now));
+                Status {
+                    kind: TargetKind::File,
+                    bundle_path: path.display().to_string(),
+                    sha256: bytes.map(|b| Fingerprint::of(b).to_hex()),
+                    certificates,
+                    file_valid: valid,
+                    file_problem: (!valid)
+                        .then(|| "no certificate in the file is valid now".into()),
+                    in_sync: None,
+                    sync_problem: Some(why.clone()),
+                    sources: sources.clone(),
+                    ..Status::default()
+                }
+            })
+            .collect();
+        self.note = None;
+    }
+
+    /// Gives a registry file's counters their series, once.
+    fn init_counters(&mut self, filepath: &str) {
+        if self.known_paths.insert(filepath.to_string()) {
+            let cluster: &[&str] = if self.slots.iter().any(|s| s.source.spec.is_cluster()) {
+                known::CLUSTER_SYNC_ERRORS
+            } else {
+                &[]
+            };
+            self.metrics
+                .init_file(filepath, &[known::FILE_SYNC_ERRORS, cluster]);
+        }
+    }
+
+    fn count_sync_error(&mut self, filepath: &str, reason: &str) {
+        self.init_counters(filepath);
+        self.metrics
+            .sync_errors
+            .get_or_create(&FileReasonLabels {
+                filepath: filepath.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
+
+/// What a pass did not do as planned, so that the record claims only what is so and
+/// health says why.
+#[derive(Debug, Default)]
+struct Outcome2 {
+    /// Registries whose step failed, and why.
+    errors: BTreeMap<String, String>,
+    /// Registries whose write waits for a backoff, and why.
+    waiting: BTreeMap<String, String>,
+    /// Directories the plan made that could not be made.
+    not_made: BTreeSet<String>,
+    /// Files the plan created that were not written.
+    not_written: BTreeSet<String>,
+    /// Files the plan removed that are still there.
+    not_removed: BTreeSet<String>,
+    /// Directories the plan removed that are still there.
+    dirs_kept: BTreeSet<String>,
+    /// The content now on disk of each registry written (or found as wanted) this pass.
+    on_disk: BTreeMap<String, Vec<u8>>,
+}
+
+impl Outcome2 {
+    fn fail(&mut self, dir: &str, problem: String) {
+        self.errors.entry(dir.to_string()).or_insert(problem);
+    }
+
+    /// The plan's record, as if every step succeeded, made true to what happened.
+    fn correct(&mut self, record: &mut Created) {
+        for dir in &self.not_made {
+            record.directories.remove(dir);
+        }
+        for dir in &self.not_written {
+            record.files.remove(dir);
+        }
+        record.files.extend(self.not_removed.iter().cloned());
+        record.directories.extend(self.dirs_kept.iter().cloned());
+    }
+}
+
+/// The raw registry name a refusal concerns, when it names one.
+fn refused_registry(error: &registry::EntryError) -> Option<&str> {
+    use registry::EntryError;
+    match error {
+        EntryError::NoData { registry }
+        | EntryError::BadBase64 { registry }
+        | EntryError::Content { registry, .. } => Some(registry),
+        _ => None,
+    }
+}
+
+/// Whether a registry directory holds anything but its `ca.crt` (and the agent's own
+/// temporary files, which a killed write may leave behind).
+fn holds_others(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        name != registry::plan::CA_FILE
+            && !crate::writer::atomic::is_temp_file_name(&name.to_string_lossy())
+    })
+}
