@@ -590,3 +590,67 @@ fn a_source_that_cannot_feed_a_registry_set_is_a_usage_error() {
         assert!(err.contains(expected), "{spec}: {err}");
     }
 }
+
+/// `sync` keeps a registry set by the daemon's rules: every good registry written, a bad
+/// one left as it was with exit 1, and a registry gone removed only if the agent made it.
+#[test]
+fn sync_writes_the_registry_set_and_a_refused_entry_exits_1() {
+    let node = Node::new();
+    let (kube, one, two) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("one-ca", Algorithm::P256),
+        Signer::new("two-ca", Algorithm::P256),
+    );
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let entries = node.root().join("registry-cas");
+    fs::create_dir_all(&entries).unwrap();
+    fs::write(entries.join("one.example.com.crt"), one.pem()).unwrap();
+    fs::write(entries.join("two.example.com..5000.crt"), two.pem()).unwrap();
+    let certs = node.root().join("certs.d");
+    let set = format!("{}=dir:{}", certs.display(), entries.display());
+    let ca = |dir: &str| certs.join(dir).join("ca.crt");
+
+    // A dry run writes nothing and says what would be done.
+    let out = node.sync(&[&bundle], &["--manage-registries", &set, "--dry-run"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let said = common::stdout(&out);
+    assert!(
+        said.contains("one.example.com/ca.crt would be created"),
+        "{said}"
+    );
+    assert!(!certs.exists());
+
+    let out = node.sync(&[&bundle], &["--manage-registries", &set]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        fs::read(ca("one.example.com")).unwrap(),
+        one.pem().as_bytes()
+    );
+    assert_eq!(
+        fs::read(ca("two.example.com:5000")).unwrap(),
+        two.pem().as_bytes()
+    );
+
+    // A key in one registry's file: that registry is left, the other goes, exit 1.
+    fs::write(
+        entries.join("one.example.com.crt"),
+        format!("{}{}", one.pem(), one.key_pem()),
+    )
+    .unwrap();
+    fs::remove_file(entries.join("two.example.com..5000.crt")).unwrap();
+    let out = node.sync(&[&bundle], &["--manage-registries", &set]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("private key") && err.contains("one.example.com"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(ca("one.example.com")).unwrap(),
+        one.pem().as_bytes()
+    );
+    assert!(
+        !certs.join("two.example.com:5000").exists(),
+        "a registry gone was kept"
+    );
+}

@@ -52,7 +52,11 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
         return Err(blocked.error().into());
     }
     let cluster = Cluster::connect(common)?;
-    let book = Book::open(&common.state_dir, &common.managed_paths());
+    let book = Book::open_with_sets(
+        &common.state_dir,
+        &common.managed_paths(),
+        &common.registry_dirs(),
+    );
     // A file whose sources cannot be used is left as it was; the others are still synced,
     // and the run exits 1 with the first such failure.
     let mut failed = None;
@@ -64,10 +68,97 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
             Err(e) => tracing::error!("{e:#}"),
         }
     }
+    for set in &common.manage_registries {
+        match sync_registries(&args, &cluster, set, &book) {
+            Ok(()) => {}
+            Err(e) if failed.is_none() => failed = Some(e),
+            Err(e) => tracing::error!("{e:#}"),
+        }
+    }
     match failed {
         Some(e) => Err(e),
         None => Ok(Exit::Success),
     }
+}
+
+/// Syncs one registry set (`--manage-registries`): every source read once, then one pass
+/// of the daemon's own set, which writes, repairs and removes by the same rules and keeps
+/// the same record. A registry whose entry is refused, or whose file cannot be written, is
+/// left as it was and makes the run exit 1; the others are synced.
+fn sync_registries(
+    args: &SyncArgs,
+    cluster: &Cluster,
+    set: &crate::cli::RegistriesSpec,
+    book: &Book,
+) -> anyhow::Result<()> {
+    use crate::daemon::registries::RegistrySet;
+    use crate::source::cluster::Event;
+    let dir = escape(&set.dir.display().to_string()).into_owned();
+    if !args.force
+        && let Ok(Some(claim)) = running::find(&args.common.state_dir)
+        && (claim.managed.is_empty()
+            || claim
+                .managed
+                .iter()
+                .any(|m| m.is(&ManagedPath::of(&set.dir))))
+    {
+        let error = UsageError(format!(
+            "the registry CAs under {dir} are managed by a running kubelet-ca-agent (pid {}), which would undo this sync at once: give that agent the entries through its sources, or stop it first; --force writes anyway",
+            claim.who()
+        ));
+        if !args.dry_run {
+            return Err(error.into());
+        }
+        eprintln!("kubelet-ca-agent: the sync itself would be refused: {error}");
+    }
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::default());
+    let mut registries = RegistrySet::new(
+        &set.dir,
+        &set.sources,
+        0,
+        metrics,
+        book.clone(),
+        &args.common.state_dir,
+    );
+    for (index, spec) in set.sources.iter().enumerate() {
+        let entries = cluster
+            .read_registry_source(spec)
+            .with_context(|| format!("the registry CAs under {dir} were left as they were"))?;
+        registries.on_update(
+            index,
+            Event::Content(std::sync::Arc::new(entries)),
+            std::time::Instant::now(),
+        );
+    }
+    let state = crate::state::StateDir::new(args.common.state_dir.clone());
+    let (mut record, problem) = state.load_registry_record();
+    if let Some(problem) = problem {
+        tracing::warn!(
+            "cannot read the record of created registry files ({problem}): nothing is removed"
+        );
+    }
+    if args.dry_run {
+        print_out(&registries.preview(&record))?;
+        return Ok(());
+    }
+    let before = record.clone();
+    registries.reconcile(&mut record);
+    if record != before {
+        state
+            .save_registry_record(&record)
+            .context("cannot save the record of created registry files")?;
+    }
+    if let Some(note) = &registries.note {
+        anyhow::bail!("{dir}: {note}");
+    }
+    if let Some(status) = registries.statuses.iter().find(|s| s.in_sync != Some(true)) {
+        anyhow::bail!(
+            "{}: {}",
+            escape(&status.bundle_path),
+            status.sync_problem.as_deref().unwrap_or("not in sync")
+        );
+    }
+    Ok(())
 }
 
 /// Syncs one managed file from `specs` (a dry run prints its plan instead).
@@ -231,6 +322,25 @@ impl Cluster {
             super::one_shot_client(&origin)?
         };
         Ok(Cluster(Some((runtime, client, server))))
+    }
+
+    /// The entries of a registry set's source (`--manage-registries`), read once.
+    fn read_registry_source(&self, spec: &SourceSpec) -> anyhow::Result<crate::registry::Entries> {
+        match &self.0 {
+            Some((rt, client, server)) if spec.is_cluster() => {
+                let answers = rt.block_on(cluster::read_sources(
+                    client,
+                    server,
+                    std::slice::from_ref(spec),
+                    cluster::registry_content,
+                ));
+                match answers.into_iter().next().flatten() {
+                    Some(result) => Ok(result?),
+                    None => anyhow::bail!("source {spec} was not read"),
+                }
+            }
+            _ => Ok(local::registry_entries(spec)?),
+        }
     }
 
     /// Every source of the file at `path`, in order; the first that cannot be used ends

@@ -9,7 +9,7 @@
 
 mod managed;
 pub mod reconciler;
-mod registries;
+pub(crate) mod registries;
 
 use std::sync::Arc;
 
@@ -37,7 +37,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     }
     // Held until the agent exits: a hand-run `sync` sees it and refuses to write a file
     // this agent would put back.
-    let _claim = running::claim(&args.common.state_dir, &args.common.managed_paths())?;
+    let mut claimed = args.common.managed_paths();
+    claimed.extend(args.common.registry_dirs());
+    let _claim = running::claim(&args.common.state_dir, &claimed)?;
     crate::runtime::build()?.block_on(run_async(args))
 }
 

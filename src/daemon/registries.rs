@@ -58,7 +58,7 @@ pub(super) struct RegistrySlot {
     read_retry: Backoff,
 }
 
-pub(super) struct RegistrySet {
+pub(crate) struct RegistrySet {
     /// DIR as given: the record's key.
     dir: PathBuf,
     /// DIR made absolute: where the files are.
@@ -92,10 +92,10 @@ pub(super) struct RegistrySet {
     book: Book,
     state_dir: PathBuf,
     /// Each registry file's state, as the last pass found it.
-    pub(super) statuses: Vec<Status>,
+    pub(crate) statuses: Vec<Status>,
     /// What concerns the set rather than one file (entries that name no registry, a DIR
     /// that is not a directory): `None` when nothing.
-    pub(super) note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 /// Mode of the directories the agent makes, whatever the umask.
@@ -104,7 +104,7 @@ const DIRECTORY_MODE: u32 = registry::plan::DIRECTORY_MODE;
 const FILE_MODE: u32 = registry::plan::FILE_MODE;
 
 impl RegistrySet {
-    pub(super) fn new(
+    pub(crate) fn new(
         dir: &Path,
         sources: &[SourceSpec],
         first: usize,
@@ -227,7 +227,7 @@ impl RegistrySet {
     }
 
     /// A source's news (by its position among this set's sources).
-    pub(super) fn on_update(&mut self, index: usize, event: Event<Arc<Entries>>, at: Instant) {
+    pub(crate) fn on_update(&mut self, index: usize, event: Event<Arc<Entries>>, at: Instant) {
         let slot = &mut self.slots[index];
         match event {
             Event::Content(entries) => {
@@ -256,7 +256,7 @@ impl RegistrySet {
     }
 
     /// The set's directory, absolute.
-    pub(super) fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
@@ -267,7 +267,7 @@ impl RegistrySet {
 
     /// One pass over the set: builds what the sources want, looks at DIR, does what the
     /// plan says, and records it in `record` (saved by the caller when it changed).
-    pub(super) fn reconcile(&mut self, record: &mut CreatedRecord) {
+    pub(crate) fn reconcile(&mut self, record: &mut CreatedRecord) {
         self.due = false;
         let now = OffsetDateTime::now_utc();
         let at = Instant::now();
@@ -307,6 +307,54 @@ impl RegistrySet {
         if outcome.errors.is_empty() && self.statuses.iter().all(|s| s.in_sync == Some(true)) {
             self.pending_since = None;
         }
+    }
+
+    /// What a pass would do, one line each, without doing it (`sync --dry-run`). Every
+    /// source must have been read.
+    pub(crate) fn preview(&mut self, record: &CreatedRecord) -> String {
+        use std::fmt::Write;
+        let created = record.sets.get(&self.dir).cloned().unwrap_or_default();
+        let merged = registry::merge(
+            self.slots
+                .iter()
+                .filter_map(|s| s.entries.as_deref().cloned()),
+        );
+        let built = registry::build(merged, OffsetDateTime::now_utc().unix_timestamp());
+        let names = registry::to_look_at(&created, &built.desired);
+        let (listing, _) = self.list(&names);
+        let plan = registry::plan(&created, &built.desired, &listing);
+        let mut out = String::new();
+        let shown =
+            |dir: &str| crate::text::escape(&self.path_of(dir).display().to_string()).into_owned();
+        for write in &plan.writes {
+            let verb = if write.creates { "created" } else { "replaced" };
+            let _ = writeln!(out, "{} would be {verb}", shown(write.name.dir()));
+        }
+        for name in &plan.remove_files {
+            let _ = writeln!(
+                out,
+                "{} would be removed (its registry left the sources)",
+                shown(name.dir())
+            );
+        }
+        for name in &plan.unchanged {
+            let _ = writeln!(
+                out,
+                "{} is in sync; nothing would change",
+                shown(name.dir())
+            );
+        }
+        for problem in &plan.problems {
+            let _ = writeln!(
+                out,
+                "{}: {problem}",
+                crate::text::escape(&self.root.display().to_string())
+            );
+        }
+        for refused in &built.refused {
+            let _ = writeln!(out, "refused: {refused}");
+        }
+        out
     }
 
     /// Logs and counts, once each while they last, the set's refusals, shadowed entries and
