@@ -36,6 +36,11 @@
 //!   certificate-and-key file), beside an agent whose kubeconfig holds everything inline,
 //!   both in the same run and over the same window: what watching and re-reading the
 //!   credential files costs.
+//! - 50 registry CA files (`--manage-registries`, issue 19) from a ControllerConfig shaped
+//!   like a real cluster's: the kubelet CA's rotation latency (event to `bundle written`)
+//!   with the 50 registries beside it, against the same agent without them in the same
+//!   run; one registry's rotation (event to `registry CA written`); idle CPU with 50
+//!   registry directories watched and re-verified each minute.
 //! - Start to READY=1 when a valid file is adopted and the API server is down (5 starts).
 //!
 //! The certificates are a realistic mix, mostly RSA-2048 (see `support/signers.rs`).
@@ -114,6 +119,7 @@ fn main() {
     let mut table = Table::new("daemon: kubelet-ca-agent run", !full);
     cluster_rotations(&run, &pool, &mut table);
     credentials_idle(&run, &pool, &mut table);
+    registries_fifty(&run, &pool, &mut table);
     cluster_large(&run, &pool, &mut table);
     local_large(&run, &pool, &mut table);
     ready_on_adoption(&run, &pool, &mut table);
@@ -282,6 +288,153 @@ fn cluster_rotations(run: &Run, pool: &KeyPool, table: &mut Table) {
         "1",
         open.to_string(),
         open == 1,
+    );
+}
+
+/// The kubelet CA's rotations with and without 50 registry files beside it, one
+/// registry's rotation, and idle CPU with the 50.
+fn registries_fifty(run: &Run, pool: &KeyPool, table: &mut Table) {
+    use base64::Engine;
+    use serde_json::json;
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    const CC: &str = "machine-config-controller";
+    let api = ApiServer::start();
+    api.set_bookmark_interval(Duration::from_secs(60));
+    let kube = [pool.bundle(10, "kube-a"), pool.bundle(10, "kube-b")];
+    let hashes = [
+        sha256_hex(kube[0].as_bytes()),
+        sha256_hex(kube[1].as_bytes()),
+    ];
+    let registry_pems: Vec<String> = (0..50)
+        .map(|i| pool.bundle(1, &format!("registry-{i}")))
+        .collect();
+    let rotated = pool.bundle(1, "registry-0-next");
+    let entries = |first: &str| {
+        let list: Vec<_> = registry_pems
+            .iter()
+            .enumerate()
+            .map(|(i, pem)| {
+                let pem = if i == 0 { first } else { pem.as_str() };
+                json!({"file": format!("registry-{i}.example.com..5000"), "data": b64(pem)})
+            })
+            .collect();
+        serde_json::Value::Array(list)
+    };
+    let spec = |kube: &str, first: &str| {
+        vec![
+            ("kubeAPIServerServingCAData", json!(b64(kube))),
+            ("cloudProviderCAData", json!("")),
+            ("imageRegistryBundleData", json!([])),
+            ("imageRegistryBundleUserData", entries(first)),
+        ]
+    };
+    api.put_controllerconfig_spec(CC, &spec(&kube[0], &registry_pems[0]));
+    let source = format!("controllerconfig:{CC}");
+    let n = run.updates.min(200);
+    let mut latencies = Vec::new();
+    for with_registries in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs.d");
+        let mut server = vec!["--insecure-metrics".to_string()];
+        if with_registries {
+            server.push("--manage-registries".into());
+            server.push(format!(
+                "{}=controllerconfig:{CC}/imageRegistryBundleUserData",
+                certs.display()
+            ));
+        }
+        let agent = Agent::start_serving(
+            dir,
+            &[source.clone()],
+            Some(api.kubeconfig()),
+            None,
+            &server,
+        );
+        api.put_controllerconfig_spec(CC, &spec(&kube[0], &registry_pems[0]));
+        agent.wait_holds(&kube[0], Duration::from_secs(20));
+        if with_registries {
+            let last = certs.join("registry-49.example.com:5000/ca.crt");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !last.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(last.exists(), "the 50 registry files were written");
+        }
+        let mut to_durable = Vec::new();
+        for i in 1..=n {
+            while agent.lines.try_recv().is_ok() {}
+            api.put_controllerconfig_spec(CC, &spec(&kube[i % 2], &registry_pems[0]));
+            let durable = loop {
+                let (at, line) = agent
+                    .lines
+                    .recv_timeout(Duration::from_secs(10))
+                    .expect("the agent logs `bundle written` within 10 s");
+                if line.contains("bundle written") && line.contains(hashes[i % 2].as_str()) {
+                    break at;
+                }
+            };
+            let sent = api.last_event_sent().expect("an event was sent");
+            to_durable.push(durable.saturating_duration_since(sent));
+        }
+        let (p50, p99) = p50_p99(&mut to_durable);
+        latencies.push((p50, p99));
+        if !with_registries {
+            continue;
+        }
+        // One registry's rotation.
+        let mut one = Vec::new();
+        for i in 1..=n.min(50) {
+            while agent.lines.try_recv().is_ok() {}
+            let pem = if i % 2 == 1 {
+                &rotated
+            } else {
+                &registry_pems[0]
+            };
+            api.put_controllerconfig_spec(CC, &spec(&kube[n % 2], pem));
+            let hash = sha256_hex(pem.as_bytes());
+            let written = loop {
+                let (at, line) = agent
+                    .lines
+                    .recv_timeout(Duration::from_secs(10))
+                    .expect("the agent logs `registry CA written` within 10 s");
+                if line.contains("registry CA written") && line.contains(hash.as_str()) {
+                    break at;
+                }
+            };
+            let sent = api.last_event_sent().expect("an event was sent");
+            one.push(written.saturating_duration_since(sent));
+        }
+        let (o50, o99) = p50_p99(&mut one);
+        table.info(
+            &format!(
+                "one registry's rotation among 50 -> file durable, p50 / p99 of {}",
+                one.len()
+            ),
+            format!("{} / {}", ms(o50), ms(o99)),
+        );
+        let rss = agent.rss_mib();
+        table.check(
+            "resident memory, kubelet CA and 50 registry files",
+            "< 16 MiB",
+            format!("{rss:.1} MiB"),
+            rss < 16.0,
+        );
+        let (cpu, read) = idle(&agent, run.idle);
+        let secs = run.idle.as_secs();
+        table.check(
+            &format!("idle CPU over {secs} s, kubelet CA and 50 registry files"),
+            &format!("< {} ms", 50 * secs.max(1) / 60),
+            format!("{} (read {} KiB while idle)", ms(cpu), read / 1024),
+            cpu.as_secs_f64() * 60.0 < 0.050 * run.idle.as_secs_f64().max(1.0),
+        );
+    }
+    let ((a50, a99), (b50, b99)) = (latencies[0], latencies[1]);
+    let ratio = b50.as_secs_f64() / a50.as_secs_f64();
+    table.check(
+        &format!("kubelet CA rotation -> durable with 50 registry files beside it, p50 / p99 of {n}, against the same without them (same run)"),
+        "p50 <= 1.25x",
+        format!("{} / {} against {} / {} ({ratio:.2}x at p50)", ms(b50), ms(b99), ms(a50), ms(a99)),
+        ratio <= 1.25,
     );
 }
 

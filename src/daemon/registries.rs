@@ -72,6 +72,11 @@ pub(crate) struct RegistrySet {
     /// The refusals and warnings already logged and counted, so that each is said once
     /// while it lasts.
     said: BTreeSet<String>,
+    /// The sources' entries as last built, and what was built of them: the same entries
+    /// are not checked again until a certificate's validity changes.
+    built: Option<(registry::Merged, registry::Built)>,
+    /// The SHA-256 each registry file was last recorded with in `managed-files.json`.
+    recorded: BTreeMap<String, Fingerprint>,
     /// The file paths whose counters have their series.
     known_paths: BTreeSet<String>,
     /// Something under DIR changed: look at it at this instant.
@@ -131,6 +136,8 @@ impl RegistrySet {
                 .collect(),
             written: BTreeMap::new(),
             said: BTreeSet::new(),
+            built: None,
+            recorded: BTreeMap::new(),
             known_paths: BTreeSet::new(),
             recheck_at: None,
             retry_at: None,
@@ -229,6 +236,7 @@ impl RegistrySet {
     /// A source's news (by its position among this set's sources).
     pub(crate) fn on_update(&mut self, index: usize, event: Event<Arc<Entries>>, at: Instant) {
         let slot = &mut self.slots[index];
+        let was_up = slot.source.up;
         match event {
             Event::Content(entries) => {
                 slot.source.came_up(entries.entries.len());
@@ -237,12 +245,15 @@ impl RegistrySet {
                     slot.entries = Some(entries);
                     slot.source.last_change = Some(unix_now());
                     self.pending_since.get_or_insert(at);
+                    self.due = true;
                 }
             }
             Event::Failed(error) => slot.source.failed(&error, false, &self.metrics),
             Event::WatchRestart(error) => slot.source.failed(&error, true, &self.metrics),
         }
-        self.due = true;
+        // The same entries again (another field of a shared object changed) call for no
+        // pass; a source that went up or down does, for its state to be shown.
+        self.due |= slot.source.up != was_up;
     }
 
     /// Time until a registry file's validity changes.
@@ -290,8 +301,16 @@ impl RegistrySet {
                 .iter()
                 .filter_map(|s| s.entries.as_deref().cloned()),
         );
-        let built = registry::build(merged, now.unix_timestamp());
-        self.say(&built);
+        let boundary_passed = self.boundary.is_some_and(|b| b <= now.unix_timestamp());
+        let built = match self.built.take() {
+            Some((last, built)) if last == merged && !boundary_passed => (last, built),
+            _ => {
+                let built = registry::build(merged.clone(), now.unix_timestamp());
+                (merged, built)
+            }
+        };
+        let built = &self.built.insert(built).1.clone();
+        self.say(built);
         let names = registry::to_look_at(&created, &built.desired);
         let (listing, found) = self.list(&names);
         let plan = registry::plan(&created, &built.desired, &listing);
@@ -303,7 +322,7 @@ impl RegistrySet {
         } else {
             record.sets.insert(self.dir.clone(), kept);
         }
-        self.describe(&built, &plan, &found, &outcome, now.unix_timestamp());
+        self.describe(built, &plan, &found, &outcome, now.unix_timestamp());
         if outcome.errors.is_empty() && self.statuses.iter().all(|s| s.in_sync == Some(true)) {
             self.pending_since = None;
         }
@@ -651,6 +670,7 @@ impl RegistrySet {
             }
             self.written.remove(name.dir());
             self.failed.remove(name.dir());
+            self.recorded.remove(name.dir());
             if let Err(e) = self.book.forget(&path) {
                 tracing::warn!("cannot update managed-files.json: {e}");
             }
@@ -746,9 +766,15 @@ impl RegistrySet {
             let goal = RegistryName::parse(&name)
                 .ok()
                 .and_then(|n| built.desired.files.get(&n).map(Vec::as_slice));
-            let certificates = match bytes {
-                Some(b) => crate::target::readable_certificates(b),
-                None => Vec::new(),
+            // The file holding what was built: its certificates are known already.
+            let known = RegistryName::parse(&name)
+                .ok()
+                .and_then(|n| built.files.get(&n))
+                .filter(|f| Some(f.bytes.as_slice()) == bytes);
+            let certificates = match (known, bytes) {
+                (Some(file), _) => file.certificates.clone(),
+                (None, Some(b)) => crate::target::readable_certificates(b),
+                (None, None) => Vec::new(),
             };
             for c in &certificates {
                 for t in [c.not_before, c.not_after.saturating_add(1)] {
@@ -784,9 +810,14 @@ impl RegistrySet {
                 });
             let in_sync = sync_problem.is_none();
             if in_sync && let Some(bytes) = bytes {
-                let sha256 = Fingerprint::of(bytes).to_hex();
-                if let Err(e) = self.book.record(&path, &sha256) {
-                    tracing::warn!("cannot update managed-files.json: {e}");
+                let sha256 = Fingerprint::of(bytes);
+                if self.recorded.get(&name) != Some(&sha256) {
+                    match self.book.record(&path, &sha256.to_hex()) {
+                        Ok(()) => {
+                            self.recorded.insert(name.clone(), sha256);
+                        }
+                        Err(e) => tracing::warn!("cannot update managed-files.json: {e}"),
+                    }
                 }
             }
             statuses.push(Status {
