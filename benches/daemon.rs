@@ -345,7 +345,7 @@ fn registries_fifty(run: &Run, pool: &KeyPool, table: &mut Table) {
         }
         let agent = Agent::start_serving(
             dir,
-            &[source.clone()],
+            std::slice::from_ref(&source),
             Some(api.kubeconfig()),
             None,
             &server,

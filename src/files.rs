@@ -139,13 +139,17 @@ impl Plan {
         self
     }
 
-    /// Each directory whose entries matter, with what it is for.
+    /// Each directory that must exist, with what it is for. The directories of the
+    /// `--manage` files and the registry sets are not among them: the agent makes them when
+    /// it has something to write there (a cloud CA file on a platform without one has no
+    /// directory on many nodes), and watches for them through their parents meanwhile.
     pub fn dirs(&self) -> BTreeMap<PathBuf, String> {
         let mut dirs = BTreeMap::new();
-        for (index, file) in self.managed.iter().enumerate() {
-            let what = if index == 0 { "bundle" } else { "managed file" };
-            dirs.entry(parent_dir(file))
-                .or_insert_with(|| format!("the directory of the {what} {}", file.display()));
+        if let Some(bundle) = self.managed.first() {
+            dirs.insert(
+                parent_dir(bundle),
+                format!("the directory of the bundle {}", bundle.display()),
+            );
         }
         for (_, watch) in &self.sources {
             let (dir, what) = match watch {
@@ -284,7 +288,8 @@ pub async fn run(
 ) {
     let roles = plan.dirs();
     let mut wanted: BTreeMap<PathBuf, WatchMask> = BTreeMap::new();
-    for dir in roles.keys().chain(&plan.registries) {
+    let optional: Vec<PathBuf> = plan.managed.iter().skip(1).map(|f| parent_dir(f)).collect();
+    for dir in roles.keys().chain(&plan.registries).chain(&optional) {
         *wanted.entry(dir.clone()).or_insert(WatchMask::empty()) |= DIR_MASK;
         if let Some(parent) = dir.parent() {
             *wanted
@@ -600,7 +605,44 @@ mod tests {
         assert_eq!(at("/srv/signers", "new.pem"), std::slice::from_ref(&dir));
         assert_eq!(at("/srv/signers", "new.crt.tmp"), []);
         assert_eq!(at("/srv/signers", "..data"), [dir]);
-        assert_eq!(plan.dirs().len(), 4);
+        // The bundle's and the sources' directories must exist; a --manage file's is made
+        // when needed.
+        let dirs = plan.dirs();
+        assert_eq!(dirs.len(), 3, "{dirs:?}");
+        assert!(!dirs.contains_key(Path::new("/etc/pki/cloud")));
+        let registries = plan
+            .clone()
+            .with_registry_dirs(&[PathBuf::from("/etc/docker/certs.d")]);
+        let at_registries =
+            |dir: &str, name: &str| registries.classify(Path::new(dir), OsStr::new(name), true);
+        let set = [FsEvent::Registries(0)];
+        assert_eq!(at_registries("/etc/docker/certs.d", "quay.io:443"), set);
+        assert_eq!(
+            at_registries("/etc/docker/certs.d/quay.io:443", "ca.crt"),
+            set
+        );
+        assert_eq!(
+            at_registries("/etc/docker/certs.d/quay.io:443", "notes"),
+            set
+        );
+        assert_eq!(
+            at_registries(
+                "/etc/docker/certs.d/quay.io:443",
+                ".ca.crt.kubelet-ca-agent-tmp.123"
+            ),
+            []
+        );
+        assert_eq!(at_registries("/etc/docker", "certs.d"), set);
+        assert_eq!(at_registries("/etc/docker", "other"), []);
+        assert_eq!(
+            at_registries("/etc/docker/certs.d/quay.io:443/sub", "ca.crt"),
+            []
+        );
+        assert_eq!(
+            registries.dirs().len(),
+            3,
+            "the registry directory need not exist"
+        );
         let plan = plan.with_tls_files(&[PathBuf::from("/etc/kubelet-ca-agent/tls.crt")]);
         let tls = |name: &str, settled| {
             plan.classify(
@@ -616,7 +658,7 @@ mod tests {
             "half written: wait for the close"
         );
         assert_eq!(tls("tls.key.new", true), []);
-        assert_eq!(plan.dirs().len(), 5);
+        assert_eq!(plan.dirs().len(), 4);
     }
 
     #[test]

@@ -654,3 +654,41 @@ fn sync_writes_the_registry_set_and_a_refused_entry_exits_1() {
         "a registry gone was kept"
     );
 }
+
+/// A node without the cloud CA's directory (most platforms): the agent starts, and makes
+/// the directory only when there is a cloud CA to keep.
+#[test]
+fn a_managed_files_missing_directory_is_made_only_when_there_is_something_to_keep() {
+    let cluster = Cluster::new();
+    fs::remove_dir_all(cluster.cloud.parent().unwrap()).unwrap();
+    let (kube, cloud) = (
+        Signer::new("kube-apiserver-lb-signer", Algorithm::P256),
+        Signer::new("cloud-provider-ca", Algorithm::P256),
+    );
+    cluster
+        .api
+        .put_controllerconfig_spec(CC, &spec(&kube.pem(), "", vec![], vec![]));
+    let agent = cluster.start();
+    wait_until(10 * SECOND, || cluster.node.holds(kube.pem()));
+    assert!(cluster.node.holds(kube.pem()), "{}", agent.log());
+    let in_sync = format!("in-sync:{}", cluster.cloud.display());
+    wait_until(5 * SECOND, || {
+        check_line(&verbose(&agent), &in_sync).starts_with("[+]")
+    });
+    assert!(!cluster.cloud.parent().unwrap().exists());
+    assert_eq!(
+        agent.get("/readyz").map(|r| r.0),
+        Some(200),
+        "{}",
+        verbose(&agent)
+    );
+
+    cluster
+        .api
+        .put_controllerconfig_spec(CC, &spec(&kube.pem(), &cloud.pem(), vec![], vec![]));
+    wait_until(10 * SECOND, || {
+        fs::read(&cluster.cloud).is_ok_and(|b| b == cloud.pem().as_bytes())
+    });
+    assert_eq!(fs::read(&cluster.cloud).unwrap(), cloud.pem().as_bytes());
+    assert_eq!(mode(cluster.cloud.parent().unwrap()), 0o755);
+}

@@ -454,6 +454,26 @@ impl Managed {
         if let OnDisk::Other(kind) = &on_disk {
             tracing::warn!(bundle = %self.file.filepath, "the bundle path is {kind}, not a regular file; replacing it with one (never following a link)");
         }
+        // A `--manage` file's directory is made when there is something to keep in it, as
+        // the node configuration would (0755, as a directory under /etc is).
+        if self.optional && on_disk == OnDisk::Missing {
+            let dir = crate::writer::atomic::parent_dir(self.target.path());
+            if !dir.exists() {
+                use std::os::unix::fs::DirBuilderExt;
+                match std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&dir)
+                {
+                    Ok(()) => {
+                        tracing::info!(dir = %dir.display(), "created the managed file's directory")
+                    }
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), "cannot create the managed file's directory: {e}")
+                    }
+                }
+            }
+        }
         // With a bundle built from the sources, it is the goal; without one (a source not
         // read yet), the goal is the adopted bundle, restored.
         let written = match &self.desired {
