@@ -92,7 +92,7 @@ def source_grants(spec):
         ns, name = rest.split("/")[:2]
         return (ns, "", "configmaps", name)
     if kind == "controllerconfig":
-        return (None, "machineconfiguration.openshift.io", "controllerconfigs", rest)
+        return (None, "machineconfiguration.openshift.io", "controllerconfigs", rest.split("/")[0])
     return None  # file:, dir: need no API access
 
 
@@ -122,6 +122,16 @@ class Container:
 
     def sources(self, default):
         return [s for s in (self.value("KUBELET_CA_AGENT_SOURCE") or default).split(",") if s]
+
+    def other_sources(self):
+        """The sources of the --manage files and --manage-registries sets: `;` between
+        files or sets, each PATH=SPEC[,SPEC...]."""
+        specs = []
+        for var in ("KUBELET_CA_AGENT_MANAGE", "KUBELET_CA_AGENT_MANAGE_REGISTRIES"):
+            for item in (self.value(var) or "").split(";"):
+                _, _, rest = item.partition("=")
+                specs += [s.strip() for s in rest.split(",") if s.strip()]
+        return specs
 
     @property
     def token_webhook(self):
@@ -404,7 +414,7 @@ def check(path):
                  verify_server=False)
     agent_sources = agent.sources(DEFAULT_AGENT_SOURCE)
     agent_specials = set()
-    agent_needed = {g: READ for g in map(source_grants, agent_sources) if g}
+    agent_needed = {g: READ for g in map(source_grants, agent_sources + agent.other_sources()) if g}
     # On OpenShift, `use` of the node agents' SecurityContextConstraints, by name.
     if named("SecurityContextConstraints", AGENT) is not None:
         agent_needed[(NS, "security.openshift.io", "securitycontextconstraints", AGENT)] = {"use"}
