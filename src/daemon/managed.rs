@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 use super::reconciler::{
     Action, BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE, Backoff, Facts, Seen, WRITE_RETRY_WAIT, decide,
 };
+use super::schedule::Schedule;
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
 use crate::exec::Hooks;
 use crate::fsutil::Stat;
@@ -31,12 +32,6 @@ type RecordedState = (Fingerprint, Vec<(Fingerprint, Option<i64>)>);
 /// What the loop knows about one source.
 pub(super) struct Slot {
     pub(super) source: SourceState,
-    /// For a local source: read again at this instant.
-    pub(super) read_at: Option<Instant>,
-    /// The first in-place change that `read_at` waits to see finished.
-    pub(super) writing_since: Option<Instant>,
-    /// Retries of a local source that could not be read.
-    read_retry: Backoff,
     /// For a local source: reads it, and parses only bytes it has not parsed already.
     loader: local::Loader,
 }
@@ -63,9 +58,8 @@ impl Adopted {
 
 pub(super) struct Managed {
     target: Target,
-    /// Position of its first source among all the loop's sources: the index that source
-    /// updates and file events carry.
-    first: usize,
+    /// When its sources are read, and when it calls for a pass.
+    pub(super) schedule: Schedule,
     pub(super) slots: Vec<Slot>,
     policy: Policy,
     hooks: Option<Hooks>,
@@ -89,14 +83,8 @@ pub(super) struct Managed {
     recorded: Option<RecordedState>,
     /// When the oldest source change not yet on disk arrived.
     pending_since: Option<Instant>,
-    /// The file was reported changed: look at it at this instant.
-    pub(super) recheck_at: Option<Instant>,
     repair: Backoff,
     write_retry: Backoff,
-    /// A pass was put off by a backoff: run one at this instant.
-    pub(super) retry_at: Option<Instant>,
-    /// Something happened that calls for a pass of this file.
-    pub(super) due: bool,
     /// A `--manage` file: when its sources hold no certificate it is not created (the
     /// bundle, which the kubelet needs, always is).
     optional: bool,
@@ -134,14 +122,11 @@ impl Managed {
         }
         Managed {
             target,
-            first,
+            schedule: Schedule::new(first, sources),
             slots: sources
                 .iter()
                 .map(|spec| Slot {
                     source: SourceState::new(spec),
-                    read_at: None,
-                    writing_since: None,
-                    read_retry: Backoff::default(),
                     loader: local::Loader::default(),
                 })
                 .collect(),
@@ -157,11 +142,8 @@ impl Managed {
             write_error: None,
             recorded: None,
             pending_since: None,
-            recheck_at: None,
             repair: Backoff::default(),
             write_retry: Backoff::default(),
-            retry_at: None,
-            due: false,
             optional: !bundle,
             build_problem: None,
             metrics,
@@ -171,53 +153,12 @@ impl Managed {
         }
     }
 
-    /// The position among this file's sources of the loop's source `index`, if it is one of
-    /// them.
-    pub(super) fn source(&self, index: usize) -> Option<usize> {
-        index
-            .checked_sub(self.first)
-            .filter(|&local| local < self.slots.len())
-    }
-
-    /// Every local source is read again at `at` (the re-verification, or a rescan).
-    pub(super) fn read_local_sources_at(&mut self, at: Instant) {
-        for slot in self
-            .slots
-            .iter_mut()
-            .filter(|s| !s.source.spec.is_cluster())
-        {
-            slot.read_at = Some(at);
-        }
-    }
-
-    /// The earliest instant this file has something to do.
-    pub(super) fn next_due(&self) -> Option<Instant> {
-        [self.recheck_at, self.retry_at]
-            .into_iter()
-            .chain(self.slots.iter().map(|s| s.read_at))
-            .flatten()
-            .min()
-    }
-
-    /// Does what is due at `now`: the reads of local sources, a recheck of the file, a
-    /// retry. True when a pass is called for.
+    /// Reads the local sources that are due at `now`; true when a pass is called for.
     pub(super) fn take_due(&mut self, now: Instant) -> bool {
-        let mut work = false;
-        for index in 0..self.slots.len() {
-            if self.slots[index].read_at.is_some_and(|t| t <= now) {
-                self.slots[index].read_at = None;
-                self.slots[index].writing_since = None;
-                self.read_local(index, now);
-                work = true;
-            }
+        let (reads, work) = self.schedule.take_due(now);
+        for local in reads {
+            self.read_local(local, now);
         }
-        for due in [&mut self.recheck_at, &mut self.retry_at] {
-            if due.is_some_and(|t| t <= now) {
-                *due = None;
-                work = true;
-            }
-        }
-        self.due |= work;
         work
     }
 
@@ -265,13 +206,8 @@ impl Managed {
     pub(super) fn read_local(&mut self, index: usize, at: Instant) {
         let slot = &mut self.slots[index];
         let result = slot.loader.load(&slot.source.spec);
-        match &result {
-            Err(error) if local::retryable(error) => {
-                slot.read_retry.step_read(at);
-                slot.read_at = slot.read_retry.until;
-            }
-            _ => slot.read_retry.clear(),
-        }
+        let retry = matches!(&result, Err(error) if local::retryable(error));
+        self.schedule.was_read(index, at, retry);
         let event = match result {
             Ok(content) => SourceEvent::Content(content),
             Err(error) => SourceEvent::Failed(error),
@@ -292,12 +228,12 @@ impl Managed {
         if slot.source.observe(event, &self.metrics) {
             self.pending_since.get_or_insert(at);
         }
-        self.due = true;
+        self.schedule.due = true;
     }
 
     /// One pass over this file.
     pub(super) fn reconcile(&mut self) {
-        self.due = false;
+        self.schedule.due = false;
         self.pass();
     }
 
@@ -316,7 +252,7 @@ impl Managed {
                     self.count_sync_error(e.reason());
                 }
                 self.write_retry.step_write(at);
-                self.retry_at = self.write_retry.until;
+                self.schedule.retry_at = self.write_retry.until;
                 self.publish(
                     Seen::Unreadable(problem.clone()),
                     Some(false),
@@ -375,7 +311,7 @@ impl Managed {
                 self.publish((&on_disk).into(), self.in_sync_state(), None);
             }
             Action::Wait { until, problem } => {
-                self.retry_at = Some(until);
+                self.schedule.retry_at = Some(until);
                 // While a failed write waits for its retry, health keeps saying why it failed.
                 let problem = match &self.write_error {
                     Some(error)
@@ -401,7 +337,7 @@ impl Managed {
                     }
                     Ok(false) => {
                         // Replaced since it was read: the next pass looks at the new file.
-                        self.recheck_at = Some(at + BUNDLE_SETTLE);
+                        self.schedule.recheck_at = Some(at + BUNDLE_SETTLE);
                         self.publish(
                             (&on_disk).into(),
                             Some(false),
@@ -416,7 +352,7 @@ impl Managed {
                         tracing::error!("{problem}");
                         self.count_sync_error("attributes");
                         self.write_retry.step_write(at);
-                        self.retry_at = self.write_retry.until;
+                        self.schedule.retry_at = self.write_retry.until;
                         self.publish((&on_disk).into(), Some(false), Some(problem));
                     }
                 }
@@ -432,7 +368,7 @@ impl Managed {
                     tracing::error!(reason = error.reason(), "{error}");
                     self.count_sync_error(error.reason());
                     self.write_retry.step_write(at);
-                    self.retry_at = self.write_retry.until;
+                    self.schedule.retry_at = self.write_retry.until;
                 }
                 self.publish((&on_disk).into(), Some(false), Some(error.to_string()));
             }
@@ -518,7 +454,7 @@ impl Managed {
                 self.write_failed = Some(sha256);
                 self.write_error = Some(e.to_string());
                 self.write_retry.step_write(at);
-                self.retry_at = self.write_retry.until;
+                self.schedule.retry_at = self.write_retry.until;
                 tracing::error!(reason = e.reason(), "{e}");
                 self.publish((&on_disk).into(), Some(false), Some(e.to_string()));
             }

@@ -16,6 +16,7 @@ use tokio::time::sleep_until;
 
 use super::managed::Managed;
 use super::registries::{RegistrySet, RegistryUpdate};
+use super::schedule::Schedule;
 use crate::bundle::Fingerprint;
 use crate::cli::CommonArgs;
 use crate::exec::Hooks;
@@ -32,11 +33,6 @@ use crate::systemd::Notifier;
 use crate::target::Target;
 use crate::writer::OnDisk;
 
-/// A local source being written in place (changed, not yet closed) is read once the writer
-/// closes it; a writer that keeps it open is read after this long without a change, and
-/// no later than the second bound after its first change.
-const WRITE_QUIET: Duration = Duration::from_secs(1);
-const WRITE_QUIET_MAX: Duration = Duration::from_secs(5);
 /// The managed file: a writer's create+write+close arrive as one change.
 pub(super) const BUNDLE_SETTLE: Duration = Duration::from_millis(5);
 /// The managed file and every local source are looked at again this often, whatever
@@ -366,8 +362,8 @@ impl Reconciler {
             let boundary_at = Instant::now() + self.next_boundary();
             let deadline = [Some(boundary_at), Some(self.verify_at), next_watchdog]
                 .into_iter()
-                .chain(self.files.iter().map(Managed::next_due))
-                .chain(self.sets.iter().map(RegistrySet::next_due))
+                .chain(self.files.iter().map(|f| f.schedule.next_due()))
+                .chain(self.sets.iter().map(|s| s.schedule.next_due()))
                 .flatten()
                 .min()
                 .expect("the boundary is always set");
@@ -423,11 +419,8 @@ impl Reconciler {
 
     /// Every file calls for a pass.
     fn all_due(&mut self) {
-        for file in &mut self.files {
-            file.due = true;
-        }
-        for set in &mut self.sets {
-            set.due = true;
+        for schedule in self.schedules() {
+            schedule.due = true;
         }
     }
 
@@ -441,11 +434,8 @@ impl Reconciler {
             // the loop: what it finds comes back as an input of its own.
             self.verify_at = now + VERIFY_EVERY;
             self.kubelet.request(now);
-            for file in &mut self.files {
-                file.read_local_sources_at(now);
-            }
-            for set in &mut self.sets {
-                set.read_local_sources_at(now);
+            for schedule in self.schedules() {
+                schedule.read_local_sources_at(now);
             }
             self.all_due();
             work = true;
@@ -463,7 +453,7 @@ impl Reconciler {
     fn set_source(&mut self, index: usize) -> Option<(&mut RegistrySet, usize)> {
         self.sets
             .iter_mut()
-            .find_map(|set| set.source(index).map(|local| (set, local)))
+            .find_map(|set| set.schedule.source(index).map(|local| (set, local)))
     }
 
     fn on_registry_update(&mut self, update: RegistryUpdate) {
@@ -476,7 +466,15 @@ impl Reconciler {
     fn source(&mut self, index: usize) -> Option<(&mut Managed, usize)> {
         self.files
             .iter_mut()
-            .find_map(|file| file.source(index).map(|local| (file, local)))
+            .find_map(|file| file.schedule.source(index).map(|local| (file, local)))
+    }
+
+    /// The schedule of every target: each file, then each registry set.
+    fn schedules(&mut self) -> impl Iterator<Item = &mut Schedule> {
+        self.files
+            .iter_mut()
+            .map(|f| &mut f.schedule)
+            .chain(self.sets.iter_mut().map(|s| &mut s.schedule))
     }
 
     /// Takes a change on disk into account; true when it calls for a pass now.
@@ -485,51 +483,27 @@ impl Reconciler {
         match event {
             FsEvent::Bundle(index) => {
                 if let Some(file) = self.files.get_mut(index) {
-                    file.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                    file.schedule.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
                 }
             }
             FsEvent::Registries(index) => {
                 if let Some(set) = self.sets.get_mut(index) {
-                    set.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                    set.schedule.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
                 }
             }
             FsEvent::Rescan => {
                 tracing::info!("looking at the managed files and the local sources again");
-                for file in &mut self.files {
-                    file.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
-                    file.read_local_sources_at(at);
-                }
-                for set in &mut self.sets {
-                    set.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
-                    set.read_local_sources_at(at);
+                for schedule in self.schedules() {
+                    schedule.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+                    schedule.read_local_sources_at(at);
                 }
             }
-            FsEvent::Source {
-                index,
-                settled: true,
-            } => {
-                // Closed after writing, renamed into place or removed: read at once.
-                if let Some((file, local)) = self.source(index) {
-                    file.slots[local].read_at = Some(at);
-                } else if let Some((set, local)) = self.set_source(index) {
-                    set.slots[local].read_at = Some(at);
-                }
-            }
-            FsEvent::Source {
-                index,
-                settled: false,
-            } => {
-                // A writer at work in place: wait for it to close the file (a settled
-                // event), or to fall quiet, so that a half-written file is never read as
-                // the whole source.
-                if let Some((file, local)) = self.source(index) {
-                    let slot = &mut file.slots[local];
-                    let first = *slot.writing_since.get_or_insert(at);
-                    slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
-                } else if let Some((set, local)) = self.set_source(index) {
-                    let slot = &mut set.slots[local];
-                    let first = *slot.writing_since.get_or_insert(at);
-                    slot.read_at = Some((at + WRITE_QUIET).min(first + WRITE_QUIET_MAX));
+            FsEvent::Source { index, settled } => {
+                let source = self
+                    .schedules()
+                    .find_map(|s| s.source(index).map(|local| (s, local)));
+                if let Some((schedule, local)) = source {
+                    schedule.changed(local, at, settled);
                 }
             }
             FsEvent::Health(problem) => {
@@ -552,12 +526,12 @@ impl Reconciler {
     /// memory it freed back to the system. Then the state is published.
     fn reconcile(&mut self) {
         let mut largest = 0;
-        for file in self.files.iter_mut().filter(|f| f.due) {
+        for file in self.files.iter_mut().filter(|f| f.schedule.due) {
             file.reconcile();
             largest = largest.max(file.built_len());
         }
         let before = self.created.clone();
-        for set in self.sets.iter_mut().filter(|s| s.due) {
+        for set in self.sets.iter_mut().filter(|s| s.schedule.due) {
             set.reconcile(&mut self.created);
         }
         self.save_record(&before);
@@ -986,7 +960,7 @@ mod loop_tests {
         assert!(reconciler.take_due(due));
         assert_eq!(content(&reconciler, 0, 0).as_deref(), Some("a2"));
         assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b2"));
-        assert_eq!(reconciler.files[0].slots[1].read_at, None);
+        assert_eq!(reconciler.files[0].schedule.read_at(1), None);
         assert!(reconciler.files[0].slots[1].source.content.is_none());
     }
 
@@ -1002,8 +976,9 @@ mod loop_tests {
         let mut delays = Vec::new();
         for _ in 0..12 {
             reconciler.files[0].read_local(0, at);
-            let next = reconciler.files[0].slots[0]
-                .read_at
+            let next = reconciler.files[0]
+                .schedule
+                .read_at(0)
                 .expect("a retry is scheduled");
             delays.push((next - at).as_secs());
             at = next;
@@ -1015,7 +990,8 @@ mod loop_tests {
         reconciler.files[0].read_local(0, Instant::now());
         assert!(!reconciler.files[0].slots[0].source.up);
         assert_eq!(
-            reconciler.files[0].slots[0].read_at, None,
+            reconciler.files[0].schedule.read_at(0),
+            None,
             "rejected content is retried"
         );
     }
@@ -1103,7 +1079,11 @@ mod loop_tests {
         };
         // Paused time: the loop runs until it waits, then the clock jumps to the earliest
         // timer, this one, well before the source's quiet second is up.
-        let _ = tokio::time::timeout(WRITE_QUIET / 2, reconciler.run(inputs)).await;
+        let _ = tokio::time::timeout(
+            crate::daemon::schedule::WRITE_QUIET / 2,
+            reconciler.run(inputs),
+        )
+        .await;
         let file_watch = status_rx.borrow().file_watch.clone();
         assert_eq!(
             file_watch, None,

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use super::reconciler::{BOUNDARY_RECHECK_MAX, Backoff};
+use super::schedule::Schedule;
 use crate::bundle::{self, Fingerprint};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
 use crate::registry::{
@@ -47,15 +48,10 @@ pub struct RegistryUpdate {
 }
 
 /// What the loop knows about one entry source.
-pub(super) struct RegistrySlot {
-    pub(super) source: SourceState,
+struct RegistrySlot {
+    source: SourceState,
     /// The last good entries: kept while the source fails.
     entries: Option<Arc<Entries>>,
-    /// For a `dir:` source: read again at this instant.
-    pub(super) read_at: Option<Instant>,
-    /// The first in-place change that `read_at` waits to see finished.
-    pub(super) writing_since: Option<Instant>,
-    read_retry: Backoff,
 }
 
 pub(crate) struct RegistrySet {
@@ -63,9 +59,9 @@ pub(crate) struct RegistrySet {
     dir: PathBuf,
     /// DIR made absolute: where the files are.
     root: PathBuf,
-    /// Position of its first source among all the loop's sources.
-    first: usize,
-    pub(super) slots: Vec<RegistrySlot>,
+    /// When its sources are read, and when it calls for a pass.
+    pub(super) schedule: Schedule,
+    slots: Vec<RegistrySlot>,
     /// Each registry's content as this agent last wrote it or found it in sync: a file
     /// that differs from an unchanged goal is drift to repair.
     written: BTreeMap<String, Fingerprint>,
@@ -79,11 +75,6 @@ pub(crate) struct RegistrySet {
     recorded: BTreeMap<String, Fingerprint>,
     /// The file paths whose counters have their series.
     known_paths: BTreeSet<String>,
-    /// Something under DIR changed: look at it at this instant.
-    pub(super) recheck_at: Option<Instant>,
-    /// A pass was put off by a backoff: run one at this instant.
-    pub(super) retry_at: Option<Instant>,
-    pub(super) due: bool,
     repair: Backoff,
     write_retry: Backoff,
     /// The registries whose last write failed, and why.
@@ -123,15 +114,12 @@ impl RegistrySet {
         RegistrySet {
             dir: dir.to_path_buf(),
             root: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
-            first,
+            schedule: Schedule::new(first, sources),
             slots: sources
                 .iter()
                 .map(|spec| RegistrySlot {
                     source: SourceState::new(spec),
                     entries: None,
-                    read_at: None,
-                    writing_since: None,
-                    read_retry: Backoff::default(),
                 })
                 .collect(),
             written: BTreeMap::new(),
@@ -139,9 +127,6 @@ impl RegistrySet {
             built: None,
             recorded: BTreeMap::new(),
             known_paths: BTreeSet::new(),
-            recheck_at: None,
-            retry_at: None,
-            due: false,
             repair: Backoff::default(),
             write_retry: Backoff::default(),
             failed: BTreeMap::new(),
@@ -156,51 +141,12 @@ impl RegistrySet {
         }
     }
 
-    /// The position among this set's sources of the loop's source `index`, if it is one.
-    pub(super) fn source(&self, index: usize) -> Option<usize> {
-        index
-            .checked_sub(self.first)
-            .filter(|&local| local < self.slots.len())
-    }
-
-    /// Every `dir:` source is read again at `at` (the re-verification, or a rescan).
-    pub(super) fn read_local_sources_at(&mut self, at: Instant) {
-        for slot in self
-            .slots
-            .iter_mut()
-            .filter(|s| !s.source.spec.is_cluster())
-        {
-            slot.read_at = Some(at);
-        }
-    }
-
-    /// The earliest instant this set has something to do.
-    pub(super) fn next_due(&self) -> Option<Instant> {
-        [self.recheck_at, self.retry_at]
-            .into_iter()
-            .chain(self.slots.iter().map(|s| s.read_at))
-            .flatten()
-            .min()
-    }
-
-    /// Does what is due at `now`; true when a pass is called for.
+    /// Reads the `dir:` sources that are due at `now`; true when a pass is called for.
     pub(super) fn take_due(&mut self, now: Instant) -> bool {
-        let mut work = false;
-        for index in 0..self.slots.len() {
-            if self.slots[index].read_at.is_some_and(|t| t <= now) {
-                self.slots[index].read_at = None;
-                self.slots[index].writing_since = None;
-                self.read_local(index, now);
-                work = true;
-            }
+        let (reads, work) = self.schedule.take_due(now);
+        for local in reads {
+            self.read_local(local, now);
         }
-        for due in [&mut self.recheck_at, &mut self.retry_at] {
-            if due.is_some_and(|t| t <= now) {
-                *due = None;
-                work = true;
-            }
-        }
-        self.due |= work;
         work
     }
 
@@ -217,15 +163,9 @@ impl RegistrySet {
 
     /// Reads a `dir:` source now; a read that failed is retried with backoff.
     pub(super) fn read_local(&mut self, index: usize, at: Instant) {
-        let slot = &mut self.slots[index];
-        let result = local::registry_entries(&slot.source.spec);
-        match &result {
-            Err(error) if local::retryable(error) => {
-                slot.read_retry.step_read(at);
-                slot.read_at = slot.read_retry.until;
-            }
-            _ => slot.read_retry.clear(),
-        }
+        let result = local::registry_entries(&self.slots[index].source.spec);
+        let retry = matches!(&result, Err(error) if local::retryable(error));
+        self.schedule.was_read(index, at, retry);
         let event = match result {
             Ok(entries) => Event::Content(Arc::new(entries)),
             Err(error) => Event::Failed(error),
@@ -245,7 +185,7 @@ impl RegistrySet {
                     slot.entries = Some(entries);
                     slot.source.last_change = Some(unix_now());
                     self.pending_since.get_or_insert(at);
-                    self.due = true;
+                    self.schedule.due = true;
                 }
             }
             Event::Failed(error) => slot.source.failed(&error, false, &self.metrics),
@@ -253,7 +193,7 @@ impl RegistrySet {
         }
         // The same entries again (another field of a shared object changed) call for no
         // pass; a source that went up or down does, for its state to be shown.
-        self.due |= slot.source.up != was_up;
+        self.schedule.due |= slot.source.up != was_up;
     }
 
     /// Time until a registry file's validity changes.
@@ -279,7 +219,7 @@ impl RegistrySet {
     /// One pass over the set: builds what the sources want, looks at DIR, does what the
     /// plan says, and records it in `record` (saved by the caller when it changed).
     pub(crate) fn reconcile(&mut self, record: &mut CreatedRecord) {
-        self.due = false;
+        self.schedule.due = false;
         let now = OffsetDateTime::now_utc();
         let at = Instant::now();
         let created = record.sets.get(&self.dir).cloned().unwrap_or_default();
@@ -526,7 +466,7 @@ impl RegistrySet {
                 None
             });
             if let Some(until) = wait {
-                self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
+                self.schedule.retry_by(until);
                 let why = if repair {
                     "something else keeps changing the file: repairs back off".to_string()
                 } else {
@@ -589,7 +529,7 @@ impl RegistrySet {
                     }
                     self.write_retry.step_write(at);
                     if let Some(until) = self.write_retry.until {
-                        self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
+                        self.schedule.retry_by(until);
                     }
                     self.failed.insert(dir.to_string(), e.to_string());
                     outcome.fail(dir, e.to_string());
@@ -623,7 +563,7 @@ impl RegistrySet {
                 continue;
             }
             if let Some(until) = repairs_wait {
-                self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
+                self.schedule.retry_by(until);
                 outcome.waiting.insert(
                     dir.to_string(),
                     "something else keeps changing the file's mode or owner: repairs back off"
@@ -645,7 +585,7 @@ impl RegistrySet {
                     self.repair.step_repair(at);
                     tracing::warn!(file = %filepath, mode = format!("{:o}", stat.mode), uid = stat.uid, gid = stat.gid, "repaired the registry CA's mode or owner: something else had changed it");
                 }
-                Ok(false) => self.recheck_at = Some(at),
+                Ok(false) => self.schedule.recheck_at = Some(at),
                 Err(e) => {
                     self.count_sync_error(&filepath, "attributes");
                     outcome.fail(
