@@ -8,9 +8,9 @@
 //! truth: that the loop does not answer.
 
 mod managed;
-mod schedule;
 pub mod reconciler;
 pub(crate) mod registries;
+mod schedule;
 
 use std::sync::Arc;
 
