@@ -52,9 +52,14 @@ pub enum Command {
                       matches its SHA-256 annotation, is written again. Safe with several replicas \
                       (one field manager, idempotent apply). Serves /metrics, /healthz, /livez and \
                       /readyz like run.\n\n\
+                      With --cloud-ca-source and --registry-source the same ConfigMap also keeps \
+                      the cloud-provider CA (key cloud-ca.pem, empty when there is none) and one \
+                      key registry.<host..port> per registry CA, so that nodes still watch one \
+                      small object; it is written only when one of these keys changes.\n\n\
                       With --once: read the sources, apply if the bundle changed, and exit 0 \
                       (applied, or already published), 1 (a source or the API server failed; \
-                      the ConfigMap was left as it was) or 2 (usage error)."
+                      the ConfigMap was left as it was, or, for a source of another key or a \
+                      refused registry entry, that key) or 2 (usage error)."
     )]
     Publish(Box<PublishArgs>),
     /// Build the bundle from the sources once, write it if it changed, and exit.
@@ -109,8 +114,8 @@ pub struct LogArgs {
 #[derive(Debug, Args)]
 pub struct CommonArgs {
     /// Where the signers come from, in priority order (repeat the flag, or separate with
-    /// commas): configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME[/FIELD], file:PATH,
-    /// dir:PATH.
+    /// commas): configmap:NAMESPACE/NAME[/KEY|/PREFIX*|/*], controllerconfig:NAME[/FIELD],
+    /// file:PATH, dir:PATH.
     #[arg(
         long = "source",
         value_name = "SPEC",
@@ -159,10 +164,13 @@ pub struct CommonArgs {
     /// Kill an --exec-on-change command (and its process group) that runs longer than this.
     #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_EXEC_ON_CHANGE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub exec_on_change_timeout: Duration,
-    /// One more CA file to keep, from sources of its own, with every guarantee the bundle
-    /// has (repeat the flag; in the environment, separate files with ';'), e.g.
-    /// /etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem=controllerconfig:machine-config-controller/cloudProviderCAData.
-    /// A file whose sources hold no certificate is neither created nor emptied.
+    /// One more CA file to keep, from sources of its own (same forms as --source), with
+    /// every guarantee the bundle has (repeat the flag; in the environment, separate files
+    /// with ';'), e.g.
+    /// /etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem=controllerconfig:machine-config-controller/cloudProviderCAData,
+    /// or =configmap:NS/NAME/cloud-ca.pem from the ConfigMap publish keeps. A file whose
+    /// sources hold no certificate (an empty field, an empty or blank key) is neither created
+    /// nor emptied.
     #[arg(
         long = "manage",
         value_name = "PATH=SPEC[,SPEC...]",
@@ -175,9 +183,10 @@ pub struct CommonArgs {
     /// the sources (repeat the flag; in the environment, separate sets with ';'), e.g.
     /// /etc/docker/certs.d=controllerconfig:machine-config-controller/imageRegistryBundleData,controllerconfig:machine-config-controller/imageRegistryBundleUserData.
     /// Entry sources: controllerconfig:NAME/imageRegistryBundleData|imageRegistryBundleUserData,
-    /// configmap:NS/NAME/* (each key host..port is one registry), dir:PATH (each
-    /// <host..port>.crt is one). The first source naming a registry wins. The agent removes
-    /// only what it created; an admin's own directories and files under DIR stay.
+    /// configmap:NS/NAME/* (each key host..port is one registry), configmap:NS/NAME/PREFIX*
+    /// (each key PREFIXhost..port, e.g. registry.* in the ConfigMap publish keeps), dir:PATH
+    /// (each <host..port>.crt is one). The first source naming a registry wins. The agent
+    /// removes only what it created; an admin's own directories and files under DIR stay.
     #[arg(
         long = "manage-registries",
         value_name = "DIR=SPEC[,SPEC...]",
@@ -506,7 +515,7 @@ pub struct PublishArgs {
     #[arg(long, env = "KUBELET_CA_AGENT_ONCE", value_parser = BoolishValueParser::new())]
     pub once: bool,
     /// Where the signers come from, in priority order (repeat the flag, or separate with
-    /// commas): configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME[/FIELD].
+    /// commas): configmap:NAMESPACE/NAME[/KEY|/PREFIX*|/*] or controllerconfig:NAME[/FIELD].
     #[arg(
         long = "source",
         value_name = "SPEC",
@@ -516,6 +525,34 @@ pub struct PublishArgs {
         value_parser = parse_cluster_source_spec
     )]
     pub sources: Vec<SourceSpec>,
+    /// Also keep the cloud-provider CA in key cloud-ca.pem of the same ConfigMap, from these
+    /// sources (same forms as --source; repeat the flag, or separate with commas), e.g.
+    /// controllerconfig:machine-config-controller/cloudProviderCAData: their certificates,
+    /// validated and merged as the bundle's, or the empty string when they hold none. A bad
+    /// update keeps the key as it is.
+    #[arg(
+        long = "cloud-ca-source",
+        value_name = "SPEC",
+        env = "KUBELET_CA_AGENT_CLOUD_CA_SOURCE",
+        value_delimiter = ',',
+        value_parser = parse_cluster_source_spec
+    )]
+    pub cloud_ca_sources: Vec<SourceSpec>,
+    /// Also keep the registry CAs in the same ConfigMap, one key registry.<host..port> per
+    /// registry these sources name (repeat the flag, or separate with commas):
+    /// controllerconfig:NAME/imageRegistryBundleData|imageRegistryBundleUserData, or
+    /// configmap:NS/NAME/* (each key host..port is one registry). The first source naming a
+    /// registry wins; a registry whose entry is refused keeps its key as it is, one that
+    /// leaves the sources loses it. An IPv6 registry cannot be a ConfigMap key: it is skipped,
+    /// with a warning.
+    #[arg(
+        long = "registry-source",
+        value_name = "SPEC",
+        env = "KUBELET_CA_AGENT_REGISTRY_SOURCE",
+        value_delimiter = ',',
+        value_parser = parse_cluster_registry_source
+    )]
+    pub registry_sources: Vec<SourceSpec>,
     /// Kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -524,6 +561,37 @@ pub struct PublishArgs {
     pub drop_expired: bool,
     #[command(flatten)]
     pub server: ServerArgs,
+}
+
+impl PublishArgs {
+    /// Flags that parse one by one but not together: the bundle's key where another key
+    /// goes, or a source read both as a bundle and as a registry list.
+    pub fn check(&self) -> Result<(), String> {
+        let key = &self.to.key;
+        if !self.cloud_ca_sources.is_empty() && key == crate::publish::keys::CLOUD_CA_KEY {
+            return Err(format!(
+                "--to {}/{}/{key}: that key holds the cloud CA (--cloud-ca-source); put the bundle in another key",
+                self.to.namespace, self.to.name
+            ));
+        }
+        if !self.registry_sources.is_empty()
+            && key.starts_with(crate::publish::keys::REGISTRY_KEY_PREFIX)
+        {
+            return Err(format!(
+                "--to {}/{}/{key}: the keys {}* hold the registry CAs (--registry-source); put the bundle in another key",
+                self.to.namespace,
+                self.to.name,
+                crate::publish::keys::REGISTRY_KEY_PREFIX
+            ));
+        }
+        let bundles: Vec<&SourceSpec> = self.sources.iter().chain(&self.cloud_ca_sources).collect();
+        if let Some(spec) = self.registry_sources.iter().find(|s| bundles.contains(s)) {
+            return Err(format!(
+                "--registry-source {spec} is also a source of a bundle (--source or --cloud-ca-source); a source is read either as one bundle or as a registry list, not both"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `--to`: a key of a ConfigMap.
@@ -553,7 +621,9 @@ fn parse_configmap_ref(s: &str) -> Result<ConfigMapRef, String> {
             name,
             key,
         }),
-        Ok(_) => Err(format!("{s:?}: name one key (NAMESPACE/NAME/KEY), not /*")),
+        Ok(_) => Err(format!(
+            "{s:?}: name one key (NAMESPACE/NAME/KEY), not /* or /PREFIX*"
+        )),
         Err(e) if e.problem.starts_with("expected ") => Err(format!(
             "{s:?}: expected NAMESPACE/NAME or NAMESPACE/NAME/KEY"
         )),
@@ -567,9 +637,23 @@ fn parse_cluster_source_spec(s: &str) -> Result<SourceSpec, String> {
     let spec = parse_source_spec(s)?;
     if !spec.is_cluster() {
         return Err(format!(
-            "{s:?}: publish reads cluster sources only (configmap:NAMESPACE/NAME[/KEY|/*] or controllerconfig:NAME[/FIELD])"
+            "{s:?}: publish reads cluster sources only (configmap:NAMESPACE/NAME[/KEY|/PREFIX*|/*] or controllerconfig:NAME[/FIELD])"
         ));
     }
+    Ok(spec)
+}
+
+/// A `--registry-source` of `publish`: a source of a registry set, from the cluster.
+fn parse_cluster_registry_source(s: &str) -> Result<SourceSpec, String> {
+    let spec: SourceSpec = s
+        .parse()
+        .map_err(|e: crate::source::SpecError| e.to_string())?;
+    if !spec.is_cluster() {
+        return Err(format!(
+            "{s:?}: publish reads cluster sources only (controllerconfig:NAME/imageRegistryBundleData, controllerconfig:NAME/imageRegistryBundleUserData or configmap:NAMESPACE/NAME/*)"
+        ));
+    }
+    spec.check_registry_source().map_err(|e| e.to_string())?;
     Ok(spec)
 }
 

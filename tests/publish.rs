@@ -2,18 +2,22 @@
 //! does: the derived ConfigMap is created from a ControllerConfig and follows its bundle,
 //! is written only when the bundle changes (its resourceVersion says so), keeps the last good
 //! bundle through bad input, survives deletion and hand edits, stays correct with two
-//! replicas, and a node agent watching it follows a rotation end to end.
+//! replicas, and a node agent watching it follows a rotation end to end. With
+//! `--cloud-ca-source` and `--registry-source` the same ConfigMap carries the cloud CA and
+//! one key per registry CA, derived from a ControllerConfig shaped like a real cluster's, and
+//! a node agent keeps its cloud CA file and registry CA files from it.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine;
 use common::apiserver::{ApiServer, Rule};
-use common::daemon::{Agent, wait_until};
-use common::pki::{Algorithm, Signer};
+use common::daemon::{Agent, check_line, wait_until};
+use common::pki::{Algorithm, Signer, leaf};
 use common::{Node, sha256_hex, stderr};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const SECOND: Duration = Duration::from_secs(1);
 const CC: &str = "machine-config-controller";
@@ -404,4 +408,587 @@ fn the_publishers_metrics_are_guarded_like_the_node_agents() {
         "{}",
         agent.log()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The other CA files of the node in the same ConfigMap: cloud-ca.pem and registry.<host..port>
+// ---------------------------------------------------------------------------------------------
+
+const CLOUD_SOURCE: &str = "controllerconfig:machine-config-controller/cloudProviderCAData";
+const REGISTRY_SOURCES: &str = "controllerconfig:machine-config-controller/imageRegistryBundleData,controllerconfig:machine-config-controller/imageRegistryBundleUserData";
+const INTERNAL_SOURCE: &str = "controllerconfig:machine-config-controller/imageRegistryBundleData";
+const INTERNAL: &str = "image-registry.openshift-image-registry.svc..5000";
+const INTERNAL_KEY: &str = "registry.image-registry.openshift-image-registry.svc..5000";
+const USER_KEY: &str = "registry.registry.example.com..5000";
+const MIRROR_KEY: &str = "registry.mirror.example.com";
+
+fn entry(file: &str, pem: &str) -> Value {
+    json!({"file": file, "data": b64(pem)})
+}
+
+/// A ControllerConfig's spec as a real cluster has it: every CA field base64-encoded (the
+/// cloud CA `null` when there is none), both registry lists, and an unrelated field.
+fn cluster_spec(
+    kube: &str,
+    cloud: Option<&str>,
+    internal: Vec<Value>,
+    user: Vec<Value>,
+    platform: &str,
+) -> Vec<(&'static str, Value)> {
+    vec![
+        ("kubeAPIServerServingCAData", json!(b64(kube))),
+        (
+            "cloudProviderCAData",
+            cloud.map_or(Value::Null, |c| json!(b64(c))),
+        ),
+        ("imageRegistryBundleData", Value::Array(internal)),
+        ("imageRegistryBundleUserData", Value::Array(user)),
+        ("platformSpec", json!({"type": platform})),
+    ]
+}
+
+/// A publisher that keeps every key.
+fn every_key_publisher(node: &Node, api: &ApiServer) -> Agent {
+    publisher(
+        node,
+        api,
+        &[
+            "--cloud-ca-source",
+            CLOUD_SOURCE,
+            "--registry-source",
+            REGISTRY_SOURCES,
+        ],
+    )
+}
+
+/// The derived ConfigMap's `data`.
+fn data(api: &ApiServer) -> BTreeMap<String, String> {
+    api.configmap(NS, NAME)
+        .and_then(|cm| serde_json::from_value(cm["data"].clone()).ok())
+        .unwrap_or_default()
+}
+
+fn keys_of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn applies(api: &ApiServer) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .count()
+}
+
+fn key_label(key: &str) -> String {
+    format!("configmap:{NS}/{NAME}/{key}")
+}
+
+/// The signers of one cluster: the kubelet CA's, the cloud CA, the registries'.
+struct Cas {
+    kube: Signer,
+    cloud: Signer,
+    internal: Signer,
+    user: Signer,
+    /// A registry's own self-signed server certificate (not a CA).
+    mirror: String,
+}
+
+impl Cas {
+    fn new() -> Cas {
+        Cas {
+            kube: Signer::new("kube-apiserver-lb-signer", Algorithm::P256),
+            cloud: Signer::new("cloud-provider-ca", Algorithm::P256),
+            internal: Signer::new("image-registry-ca", Algorithm::P256),
+            user: Signer::new("registry-example-ca", Algorithm::P384),
+            mirror: leaf("mirror.example.com"),
+        }
+    }
+
+    fn spec(&self, platform: &str) -> Vec<(&'static str, Value)> {
+        cluster_spec(
+            &self.kube.pem(),
+            Some(&self.cloud.pem()),
+            vec![entry(INTERNAL, &self.internal.pem())],
+            vec![
+                entry("registry.example.com..5000", &self.user.pem()),
+                entry("mirror.example.com", &self.mirror),
+            ],
+            platform,
+        )
+    }
+
+    /// Every key the publisher derives from [`Cas::spec`].
+    fn published(&self) -> BTreeMap<String, String> {
+        keys_of(&[
+            (KEY, &self.kube.pem()),
+            ("cloud-ca.pem", &self.cloud.pem()),
+            (INTERNAL_KEY, &self.internal.pem()),
+            (USER_KEY, &self.user.pem()),
+            (MIRROR_KEY, &self.mirror),
+        ])
+    }
+}
+
+#[test]
+fn publish_derives_every_ca_of_the_controllerconfig_and_a_registry_removed_loses_its_key() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let cas = Cas::new();
+    let mut spec = cas.spec("AWS");
+    // An IPv6 registry cannot be a ConfigMap key: skipped, and said.
+    spec[3]
+        .1
+        .as_array_mut()
+        .unwrap()
+        .push(entry("[fd00::1]:5000", &cas.user.pem()));
+    api.put_controllerconfig_spec(CC, &spec);
+    let agent = every_key_publisher(&node, &api);
+    let want = cas.published();
+    wait_until(10 * SECOND, || data(&api) == want);
+    agent.wait_listening();
+    // Four sources of one ControllerConfig: one watch of it, and one of the ConfigMap.
+    wait_until(5 * SECOND, || api.open_watches() == 2);
+    let lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.is_list() && r.path.contains("controllerconfigs"))
+        .count();
+    assert_eq!(
+        lists, 1,
+        "one list of the ControllerConfig for every source of it"
+    );
+
+    // Each key has its line and its series, in sync; the publisher is ready.
+    for key in [KEY, "cloud-ca.pem", INTERNAL_KEY, USER_KEY, MIRROR_KEY] {
+        agent.wait_sample(
+            5 * SECOND,
+            "kubelet_ca_bundle_in_sync",
+            &[("filepath", &key_label(key))],
+            |v| v == 1.0,
+        );
+    }
+    assert_eq!(
+        agent.sample(
+            "kubelet_ca_bundle_certificates",
+            &[("filepath", &key_label(USER_KEY))]
+        ),
+        Some(1.0)
+    );
+    let (code, ready) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200, "{ready}");
+    for key in ["cloud-ca.pem", INTERNAL_KEY, MIRROR_KEY] {
+        let line = check_line(&ready, &format!("in-sync:{}", key_label(key)));
+        assert!(line.starts_with("[+]"), "{key}: {ready}");
+    }
+    let skipped = check_line(&ready, "held:registry.*");
+    assert!(skipped.contains("[fd00::1]:5000"), "{ready}");
+    assert!(agent.log().contains("[fd00::1]:5000"), "{}", agent.log());
+    assert!(
+        agent
+            .sample(
+                "kubelet_ca_source_errors_total",
+                &[
+                    (
+                        "source",
+                        "controllerconfig:machine-config-controller/imageRegistryBundleUserData"
+                    ),
+                    ("reason", "not_a_configmap_key"),
+                ],
+            )
+            .is_some_and(|v| v >= 1.0),
+        "{}",
+        agent.log()
+    );
+    // Every source is named in an annotation, and only the publisher applied.
+    assert_eq!(
+        annotation(&api, "kubelet-ca-agent.io/registry-sources").as_deref(),
+        Some(REGISTRY_SOURCES)
+    );
+    assert_eq!(
+        annotation(&api, "kubelet-ca-agent.io/cloud-ca-sources").as_deref(),
+        Some(CLOUD_SOURCE)
+    );
+
+    // A registry leaves the user list, another's CA rotates: its key goes, the other's
+    // changes, the rest stays as it is.
+    let internal2 = Signer::new("image-registry-ca-2", Algorithm::P256);
+    let both = cas.internal.pem() + &internal2.pem();
+    api.put_controllerconfig_spec(
+        CC,
+        &cluster_spec(
+            &cas.kube.pem(),
+            Some(&cas.cloud.pem()),
+            vec![entry(INTERNAL, &both)],
+            vec![entry("mirror.example.com", &cas.mirror)],
+            "AWS",
+        ),
+    );
+    let mut want = cas.published();
+    want.remove(USER_KEY);
+    want.insert(INTERNAL_KEY.into(), both);
+    let took = wait_until(3 * SECOND, || data(&api) == want);
+    eprintln!("a registry change reached the ConfigMap in {took:?}");
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_writes_total",
+        &[("filepath", &key_label(INTERNAL_KEY))],
+        |v| v >= 2.0,
+    );
+    // The kubelet bundle was not rewritten for it.
+    assert_eq!(
+        agent.sample("kubelet_ca_writes_total", &[("filepath", &key_label(KEY))]),
+        Some(1.0)
+    );
+    wait_until(5 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    let (_, ready) = agent.get("/readyz?verbose").unwrap();
+    assert!(!ready.contains(USER_KEY), "{ready}");
+}
+
+#[test]
+fn an_empty_cloud_ca_is_published_empty_and_a_node_keeps_its_files_from_the_configmap() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let cas = Cas::new();
+    // No cloud CA on this platform: cloudProviderCAData is null.
+    let spec = |cloud: Option<&str>| {
+        cluster_spec(
+            &cas.kube.pem(),
+            cloud,
+            vec![entry(INTERNAL, &cas.internal.pem())],
+            vec![entry("registry.example.com..5000", &cas.user.pem())],
+            "None",
+        )
+    };
+    api.put_controllerconfig_spec(CC, &spec(None));
+    let publisher = every_key_publisher(&node, &api);
+    let want = keys_of(&[
+        (KEY, &cas.kube.pem()),
+        ("cloud-ca.pem", ""),
+        (INTERNAL_KEY, &cas.internal.pem()),
+        (USER_KEY, &cas.user.pem()),
+    ]);
+    wait_until(10 * SECOND, || data(&api) == want);
+    publisher.wait_listening();
+    wait_until(5 * SECOND, || {
+        publisher
+            .get("/readyz")
+            .is_some_and(|(code, _)| code == 200)
+    });
+
+    // A node agent that keeps its cloud CA file and its registry CA files from the
+    // ConfigMap alone.
+    let cloud_file = node
+        .root()
+        .join("etc/kubernetes/cloud-config/ca-bundle.pem");
+    std::fs::create_dir_all(cloud_file.parent().unwrap()).unwrap();
+    let certs = node.root().join("etc/docker/certs.d");
+    std::fs::create_dir_all(&certs).unwrap();
+    let manage = format!("{}=configmap:{TO}/cloud-ca.pem", cloud_file.display());
+    let registries = format!("{}=configmap:{TO}/registry.*", certs.display());
+    let agent = Agent::start(
+        &node,
+        &[&format!("configmap:{TO}")],
+        &[
+            "--manage",
+            &manage,
+            "--manage-registries",
+            &registries,
+            "--kubeconfig",
+            api.kubeconfig().to_str().unwrap(),
+        ],
+    );
+    let ca = |dir: &str| certs.join(dir).join("ca.crt");
+    wait_until(10 * SECOND, || {
+        node.holds(cas.kube.pem())
+            && std::fs::read(ca("registry.example.com:5000"))
+                .is_ok_and(|b| b == cas.user.pem().as_bytes())
+            && std::fs::read(ca("image-registry.openshift-image-registry.svc:5000"))
+                .is_ok_and(|b| b == cas.internal.pem().as_bytes())
+    });
+    // Nothing to keep for the cloud CA: up, ready, and no file.
+    wait_until(5 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    let (_, ready) = agent.get("/readyz?verbose").unwrap();
+    let source = check_line(&ready, &format!("source:configmap:{TO}/cloud-ca.pem"));
+    assert!(source.starts_with("[+]"), "{ready}");
+    assert!(!cloud_file.exists());
+    // The other keys of the ConfigMap are not registries.
+    assert_eq!(
+        std::fs::read_dir(&certs).unwrap().count(),
+        2,
+        "{:?}",
+        std::fs::read_dir(&certs).unwrap().collect::<Vec<_>>()
+    );
+
+    // The cloud CA appears: ControllerConfig -> ConfigMap -> node file.
+    api.put_controllerconfig_spec(CC, &spec(Some(&cas.cloud.pem())));
+    let took = wait_until(3 * SECOND, || {
+        std::fs::read(&cloud_file).is_ok_and(|b| b == cas.cloud.pem().as_bytes())
+    });
+    eprintln!("cloudProviderCAData -> cloud-ca.pem -> node file in {took:?}");
+    // And goes again: the key is empty, the node's file stays as it is.
+    api.put_controllerconfig_spec(CC, &spec(None));
+    wait_until(3 * SECOND, || {
+        data(&api).get("cloud-ca.pem").is_some_and(String::is_empty)
+    });
+    std::thread::sleep(SECOND / 2);
+    assert_eq!(
+        std::fs::read(&cloud_file).unwrap(),
+        cas.cloud.pem().as_bytes()
+    );
+    agent.wait_metric(SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
+}
+
+#[test]
+fn a_private_key_in_one_registrys_data_keeps_that_key_while_the_others_update() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let cas = Cas::new();
+    api.put_controllerconfig_spec(CC, &cas.spec("AWS"));
+    let agent = every_key_publisher(&node, &api);
+    wait_until(10 * SECOND, || data(&api) == cas.published());
+    agent.wait_listening();
+
+    // One update: the kubelet CA and the cloud CA rotate, the user registry's CA rotates,
+    // and the internal registry's data carries a private key.
+    let (kube2, cloud2, user2) = (
+        Signer::new("kube-apiserver-lb-signer-2", Algorithm::P256),
+        Signer::new("cloud-provider-ca-2", Algorithm::P256),
+        Signer::new("registry-example-ca-2", Algorithm::P256),
+    );
+    let kube = cas.kube.pem() + &kube2.pem();
+    api.put_controllerconfig_spec(
+        CC,
+        &cluster_spec(
+            &kube,
+            Some(&cloud2.pem()),
+            vec![entry(
+                INTERNAL,
+                &(cas.internal.pem() + &cas.internal.key_pem()),
+            )],
+            vec![
+                entry("registry.example.com..5000", &user2.pem()),
+                entry("mirror.example.com", &cas.mirror),
+            ],
+            "AWS",
+        ),
+    );
+    let mut want = cas.published();
+    want.insert(KEY.into(), kube);
+    want.insert("cloud-ca.pem".into(), cloud2.pem());
+    want.insert(USER_KEY.into(), user2.pem());
+    wait_until(3 * SECOND, || data(&api) == want);
+    // The internal registry's key is as it was, and the refusal is counted and shown.
+    assert_eq!(data(&api)[INTERNAL_KEY], cas.internal.pem());
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_source_errors_total",
+        &[("source", INTERNAL_SOURCE), ("reason", "private_key")],
+        |v| v >= 1.0,
+    );
+    let (_, ready) = agent.get("/readyz?verbose").unwrap();
+    let held = check_line(&ready, "held:registry.*");
+    assert!(
+        held.contains(INTERNAL_KEY) && held.contains("keeps what it holds"),
+        "{ready}"
+    );
+    assert!(
+        check_line(&ready, &format!("in-sync:{}", key_label(INTERNAL_KEY))).starts_with("[+]"),
+        "{ready}"
+    );
+    let published: String = data(&api).values().cloned().collect();
+    assert!(
+        !published.contains("PRIVATE KEY"),
+        "a key reached the ConfigMap"
+    );
+    assert!(
+        !agent.log().contains("PRIVATE KEY-----"),
+        "key material in the log"
+    );
+
+    // Good data again: published.
+    api.put_controllerconfig_spec(
+        CC,
+        &cluster_spec(
+            &cas.kube.pem(),
+            Some(&cloud2.pem()),
+            vec![entry(INTERNAL, &user2.pem())],
+            vec![],
+            "AWS",
+        ),
+    );
+    let want = keys_of(&[
+        (KEY, &cas.kube.pem()),
+        ("cloud-ca.pem", &cloud2.pem()),
+        (INTERNAL_KEY, &user2.pem()),
+    ]);
+    wait_until(3 * SECOND, || data(&api) == want);
+}
+
+#[test]
+fn an_unrelated_controllerconfig_change_applies_nothing_when_every_key_is_kept() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let cas = Cas::new();
+    api.put_controllerconfig_spec(CC, &cas.spec("AWS"));
+    let agent = every_key_publisher(&node, &api);
+    wait_until(10 * SECOND, || data(&api) == cas.published());
+    agent.wait_listening();
+    agent.wait_metric(5 * SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
+    std::thread::sleep(SECOND / 2);
+    let (before, patches) = (rv(&api), applies(&api));
+
+    for platform in ["GCP", "Azure", "None"] {
+        let cc_rv = api.put_controllerconfig_spec(CC, &cas.spec(platform));
+        assert!(cc_rv > before, "the ControllerConfig did not change");
+    }
+    std::thread::sleep(SECOND);
+    assert_eq!(applies(&api), patches, "an apply for an unrelated change");
+    assert_eq!(
+        rv(&api),
+        before,
+        "the ConfigMap was written for an unrelated change"
+    );
+    assert_eq!(data(&api), cas.published());
+
+    // A key of someone else's beside them is not the publisher's: left alone, no apply.
+    let theirs = Signer::new("theirs", Algorithm::P256).pem();
+    api.edit_configmap_as(
+        "kubectl-edit",
+        NS,
+        NAME,
+        &[("registry.theirs.example", &theirs)],
+        &[],
+    );
+    std::thread::sleep(SECOND);
+    assert_eq!(
+        applies(&api),
+        patches,
+        "an apply for a key that is not the publisher's"
+    );
+    // One of its keys edited by hand: put back, and counted as a repair of that key.
+    let intruder = Signer::new("intruder", Algorithm::P256).pem();
+    api.edit_configmap_as("kubectl-edit", NS, NAME, &[(USER_KEY, &intruder)], &[]);
+    let mut want = cas.published();
+    want.insert("registry.theirs.example".into(), theirs);
+    wait_until(5 * SECOND, || data(&api) == want);
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_repairs_total",
+        &[("filepath", &key_label(USER_KEY))],
+        |v| v == 1.0,
+    );
+    assert!(agent.log().contains("other-keys-sha256"), "{}", agent.log());
+    let repaired = applies(&api);
+    std::thread::sleep(SECOND);
+    assert_eq!(applies(&api), repaired, "the repair did not settle");
+}
+
+#[test]
+fn once_publishes_every_key_and_a_refused_registry_entry_exits_1_keeping_its_key() {
+    let api = ApiServer::start();
+    let cas = Cas::new();
+    api.put_controllerconfig_spec(CC, &cas.spec("AWS"));
+    let once = || {
+        publish_command()
+            .args(["--to", TO, "--once", "--kubeconfig"])
+            .arg(api.kubeconfig())
+            .args(["--cloud-ca-source", CLOUD_SOURCE])
+            .args(["--registry-source", REGISTRY_SOURCES])
+            .output()
+            .unwrap()
+    };
+    let out = once();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(data(&api), cas.published());
+    let before = rv(&api);
+    let out = once();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already published"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(rv(&api), before);
+
+    // A key in the internal registry's data, and a new kubelet CA: the bundle is
+    // published, the registry's key stays, and the run says so and exits 1.
+    let kube2 = Signer::new("kube-apiserver-lb-signer-2", Algorithm::P256);
+    let mut spec = cas.spec("AWS");
+    spec[0].1 = json!(b64(&kube2.pem()));
+    spec[2].1 = json!([entry(
+        INTERNAL,
+        &(cas.internal.pem() + &cas.internal.key_pem())
+    )]);
+    api.put_controllerconfig_spec(CC, &spec);
+    let out = once();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("left as it was"), "{}", stderr(&out));
+    assert!(stderr(&out).contains(INTERNAL), "{}", stderr(&out));
+    let mut want = cas.published();
+    want.insert(KEY.into(), kube2.pem());
+    assert_eq!(data(&api), want);
+
+    // The bundle's key where another key goes: a usage error.
+    let out = publish_command()
+        .args(["--to", &format!("{TO}/cloud-ca.pem"), "--once"])
+        .args(["--cloud-ca-source", CLOUD_SOURCE])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = publish_command()
+        .args([
+            "--to",
+            TO,
+            "--once",
+            "--registry-source",
+            "dir:/etc/registries",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cluster sources only"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn every_key_needs_no_more_than_the_publishers_objects_by_name() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let cas = Cas::new();
+    api.put_controllerconfig_spec(CC, &cas.spec("AWS"));
+    // The same rules as for the bundle alone: the sources of the other keys read the same
+    // ControllerConfig, and the keys live in the same ConfigMap.
+    api.restrict_to(vec![
+        Rule::new(
+            &["get", "list", "watch"],
+            "machineconfiguration.openshift.io",
+            "controllerconfigs",
+            None,
+            &[CC],
+        ),
+        Rule::new(
+            &["get", "list", "watch", "patch", "create"],
+            "",
+            "configmaps",
+            Some(NS),
+            &[NAME],
+        ),
+    ]);
+    let agent = every_key_publisher(&node, &api);
+    wait_until(10 * SECOND, || data(&api) == cas.published());
+    agent.wait_listening();
+    wait_until(5 * SECOND, || {
+        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    assert!(!agent.log().contains("forbidden"), "{}", agent.log());
 }

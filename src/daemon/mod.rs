@@ -114,6 +114,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
         watch(
             credentials,
             &sources,
+            args.common.sources.len(),
             args.common.file_sources(),
             update_tx,
             registry_tx,
@@ -144,20 +145,32 @@ enum Content {
 
 /// Starts one watch per object that the cluster sources read (SPEC 4b: one per object,
 /// whatever the number of fields used, by files and registry sets alike). The first
-/// `files` of `sources` feed files; the rest feed the registry sets.
+/// `bundle` of `sources` feed the bundle, the next up to `files` the `--manage` files; the
+/// rest feed the registry sets.
 fn watch(
     credentials: &Credentials,
     sources: &[crate::source::SourceSpec],
+    bundle: usize,
     files: usize,
     updates: mpsc::UnboundedSender<cluster::Update>,
     registry_updates: mpsc::UnboundedSender<RegistryUpdate>,
 ) {
     use crate::source::cluster::Event;
-    let registry_specs: std::collections::HashSet<_> = sources[files..].iter().cloned().collect();
+    use std::collections::HashSet;
+    let registry_specs: HashSet<_> = sources[files..].iter().cloned().collect();
+    // The specs of `--manage` files alone, which may hold nothing (an empty key); one that
+    // the bundle reads too is read as the bundle reads it.
+    let optional_specs: HashSet<_> = sources[bundle..files]
+        .iter()
+        .filter(|spec| !sources[..bundle].contains(spec))
+        .cloned()
+        .collect();
     let content = move |spec: &crate::source::SourceSpec, raw: cluster::Raw<'_>| {
         // The flags never let one spec feed both a file and a registry set.
         if registry_specs.contains(spec) {
             cluster::registry_content(spec, raw).map(|e| Content::Entries(Arc::new(e)))
+        } else if optional_specs.contains(spec) {
+            cluster::optional_bundle_content(spec, raw).map(Content::Bundle)
         } else {
             cluster::bundle_content(spec, raw).map(Content::Bundle)
         }

@@ -1,7 +1,10 @@
 //! `publish`: the cluster-side publisher (SPEC 8b). It builds the bundle from cluster sources
 //! with the node agent's engine (same parsing, validation and merge), and keeps it in one key
 //! of a ConfigMap with server-side apply, so that thousands of node agents watch a small
-//! object that changes only when the bundle does.
+//! object that changes only when the bundle does. With `--cloud-ca-source` and
+//! `--registry-source` the same ConfigMap also keeps the node's other CA files ([`keys`]: the
+//! cloud CA, the registry CAs), so that a node still watches one small object for all of
+//! them, and it changes only when one of them does.
 //!
 //! One loop owns the state, as in `run`: the source watches and the watch of the target
 //! ConfigMap send it updates; it decides ([`configmap::decide`]) and hands each apply to a
@@ -9,7 +12,9 @@
 //! endpoint is the node agent's, over the same [`crate::status`].
 
 pub mod configmap;
+pub mod keys;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,14 +30,16 @@ use crate::bundle::{self, Certificate, Fingerprint, Policy, SourceCertificates};
 use crate::cli::{ConfigMapRef, PublishArgs};
 use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
-use crate::metrics::{FileLabels, FileReasonLabels, Metrics};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceReasonLabels};
+use crate::registry::Entries;
 use crate::server::endpoint::Endpoint;
 use crate::server::{self, Pongs};
-use crate::source::cluster::{self, Event, Update};
+use crate::source::cluster::{self, Event, Raw};
 use crate::source::state::SourceState;
 use crate::source::{SourceError, SourceSpec};
 use crate::status::{Status, TargetKind, unix_now};
-use configmap::{Observed, Seen, Step};
+use configmap::{Observed, Publication, Seen, Step};
+use keys::{CLOUD_CA_KEY, Current, Others, REGISTRY_KEY_PREFIX, Read};
 
 /// A failed apply is tried again from 1 s, doubling, up to this.
 const APPLY_RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -43,6 +50,7 @@ const AWAIT_OWN_WRITE: Duration = Duration::from_secs(5);
 const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
 
 pub fn run(args: PublishArgs) -> anyhow::Result<Exit> {
+    args.check().map_err(UsageError)?;
     if !args.once {
         server::endpoint::check_listen(&args.server)?;
     }
@@ -66,6 +74,60 @@ fn source_list(sources: &[SourceSpec]) -> String {
         .join(",")
 }
 
+/// The annotations that name the sources, beside the SHA-256 ones: the bundle's always, the
+/// other keys' when they are kept.
+fn source_annotations(args: &PublishArgs) -> Vec<(&'static str, String)> {
+    let mut annotations = vec![(configmap::SOURCES_ANNOTATION, source_list(&args.sources))];
+    if !args.cloud_ca_sources.is_empty() {
+        annotations.push((
+            configmap::CLOUD_CA_SOURCES_ANNOTATION,
+            source_list(&args.cloud_ca_sources),
+        ));
+    }
+    if !args.registry_sources.is_empty() {
+        annotations.push((
+            configmap::REGISTRY_SOURCES_ANNOTATION,
+            source_list(&args.registry_sources),
+        ));
+    }
+    annotations
+}
+
+/// Every source, in the order updates name them: the bundle's, the cloud CA's, then the
+/// registry CAs'.
+fn all_sources(args: &PublishArgs) -> Vec<SourceSpec> {
+    args.sources
+        .iter()
+        .chain(&args.cloud_ca_sources)
+        .chain(&args.registry_sources)
+        .cloned()
+        .collect()
+}
+
+/// What a cluster source gives: certificates (of the bundle, of the cloud CA), or a
+/// registry source's entries.
+#[derive(Debug, Clone)]
+enum Content {
+    Bundle(SourceCertificates),
+    Entries(Arc<Entries>),
+}
+
+/// How each source's content is read: the flags never let one spec be both a bundle's
+/// source and a registry source ([`PublishArgs::check`]).
+fn content_of(
+    args: &PublishArgs,
+) -> impl Fn(&SourceSpec, Raw<'_>) -> Result<Content, SourceError> + Send + Sync + 'static {
+    let registry_specs: std::collections::HashSet<SourceSpec> =
+        args.registry_sources.iter().cloned().collect();
+    move |spec, raw| {
+        if registry_specs.contains(spec) {
+            cluster::registry_content(spec, raw).map(|e| Content::Entries(Arc::new(e)))
+        } else {
+            cluster::bundle_content(spec, raw).map(Content::Bundle)
+        }
+    }
+}
+
 fn policy(args: &PublishArgs) -> Policy {
     Policy {
         retain_removed: 0,
@@ -80,30 +142,53 @@ fn no_answer(what: &str, server: &str) -> anyhow::Error {
     )
 }
 
-/// `--once`: read every source, build, read the ConfigMap, apply if it does not hold the
-/// bundle already.
+/// `--once`: read every source (one list per object), build, read the ConfigMap, apply if
+/// it does not hold the publication already. A source of the bundle that fails leaves the
+/// ConfigMap as it was; one of another key leaves that key as it is, the rest is published,
+/// and the run exits 1.
 async fn once(args: &PublishArgs, client: kube::Client, server: &str) -> anyhow::Result<Exit> {
     let to = &args.to;
-    let mut sources = Vec::with_capacity(args.sources.len());
-    for spec in &args.sources {
-        match cluster::read_once(&client, server, spec).await {
-            Ok(parsed) => {
-                crate::source::warn_not_ca(spec, &parsed);
-                sources.push(parsed);
-            }
+    let specs = all_sources(args);
+    let (bundles, clouds) = (args.sources.len(), args.cloud_ca_sources.len());
+    let answers = cluster::read_sources(&client, server, &specs, content_of(args)).await;
+    let mut sources = Vec::with_capacity(bundles);
+    let mut cloud = Vec::with_capacity(clouds);
+    let mut registries = Vec::with_capacity(args.registry_sources.len());
+    let (mut cloud_read, mut registries_read) = (true, true);
+    let mut failures: Vec<String> = Vec::new();
+    for (index, (spec, answer)) in specs.iter().zip(answers).enumerate() {
+        let answer = answer.expect("publish reads cluster sources only");
+        match answer {
             Err(error) if error.reason() == "no_answer" => {
                 return Err(no_answer(&format!("source {spec}"), server));
             }
-            Err(error) => {
+            Err(error) if index < bundles => {
                 return Err(anyhow::Error::new(error).context(format!("{to} was left as it was")));
             }
+            Err(error) => {
+                tracing::error!(source = %spec, reason = error.reason(), "{error}; the keys it feeds are left as they are");
+                failures.push(error.to_string());
+                if index < bundles + clouds {
+                    cloud_read = false;
+                } else {
+                    registries_read = false;
+                }
+            }
+            Ok(Content::Bundle(parsed)) => {
+                crate::source::warn_not_ca(spec, &parsed);
+                if index < bundles {
+                    sources.push(parsed);
+                } else {
+                    cloud.push(parsed);
+                }
+            }
+            Ok(Content::Entries(entries)) => registries.push(Arc::unwrap_or_clone(entries)),
         }
     }
     let now = OffsetDateTime::now_utc().unix_timestamp();
     let built = bundle::build(&sources, &[], policy(args), now)
         .with_context(|| format!("{to} was left as it was"))?;
-    let rendered = built.bundle.render();
-    let sha256 = Fingerprint::of(&rendered).to_hex();
+    let rendered: Arc<[u8]> = built.bundle.render().into();
     let api: Api<ConfigMap> = Api::namespaced(client, &to.namespace);
     let current = match tokio::time::timeout(cluster::REQUEST_DEADLINE, api.get_opt(&to.name)).await
     {
@@ -111,26 +196,69 @@ async fn once(args: &PublishArgs, client: kube::Client, server: &str) -> anyhow:
         Ok(Err(e)) => return Err(anyhow::anyhow!("cannot read {to}: {}", kube_error(&e))),
         Err(_) => return Err(no_answer(&format!("reading {to}"), server)),
     };
-    if let Some(current) = &current
-        && Observed::of(current, &to.key).holds(&sha256)
-    {
-        tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, "already published");
-        return Ok(Exit::Success);
+    let observed = current.as_ref().map(|c| Observed::of(c, &to.key));
+    let empty = Observed::new(None, None, None);
+    let seen = observed.as_ref().unwrap_or(&empty);
+    let cloud = match (args.cloud_ca_sources.is_empty(), cloud_read) {
+        (true, _) => Read::Off,
+        (false, true) => Read::Read(&cloud[..]),
+        (false, false) => Read::Unread,
+    };
+    let registries = match (args.registry_sources.is_empty(), registries_read) {
+        (true, _) => Read::Off,
+        (false, true) => Read::Read(registries),
+        (false, false) => Read::Unread,
+    };
+    let current_keys = Current {
+        values: &seen.others,
+        owned: &seen.owned,
+    };
+    let others = keys::others(cloud, registries, policy(args), now, current_keys);
+    if let Some((reason, problem)) = &others.cloud_problem {
+        tracing::error!(reason, "{problem}; {CLOUD_CA_KEY} is left as it is");
+        failures.push(problem.clone());
+    }
+    for told in &others.refused {
+        tracing::warn!(source = %told.source, reason = told.reason, "{}", told.text);
+        if told.reason != keys::SKIPPED {
+            failures.push(told.text.clone());
+        }
+    }
+    for warning in &others.warnings {
+        tracing::warn!("{warning}");
+    }
+    let publication = Publication::new(rendered, others.values);
+    let sha256 = publication.sha256.clone();
+    let keys = publication.others.len();
+    let fail = |failures: &[String]| -> anyhow::Result<Exit> {
+        match failures {
+            [] => Ok(Exit::Success),
+            [one] => Err(anyhow::anyhow!(
+                "{one}; what it feeds in {to} was left as it was"
+            )),
+            [first, rest @ ..] => Err(anyhow::anyhow!(
+                "{first} (and {} more problems, logged above); what they feed in {to} was left as it was",
+                rest.len()
+            )),
+        }
+    };
+    if observed.as_ref().is_some_and(|o| o.holds(&publication)) {
+        tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, other_keys = keys, "already published");
+        return fail(&failures);
     }
     let before = current
         .as_ref()
         .and_then(|c| c.metadata.resource_version.clone());
     let body = configmap::apply_body(
         to,
-        &rendered,
-        &sha256,
-        &source_list(&args.sources),
+        &publication,
+        &source_annotations(args),
         before.as_deref(),
     );
     match tokio::time::timeout(cluster::REQUEST_DEADLINE, apply(&api, &to.name, &body)).await {
         Ok(Ok(_)) => {
-            tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, "published");
-            Ok(Exit::Success)
+            tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, other_keys = keys, "published");
+            fail(&failures)
         }
         Ok(Err(e)) => Err(anyhow::anyhow!(
             "cannot apply {to}: {}; it was left as it was",
@@ -163,13 +291,19 @@ fn kube_error(error: &kube::Error) -> String {
 }
 
 /// The bundle built from the sources.
-struct Desired {
+struct Bundle {
     certificates: Vec<Certificate>,
     rendered: Arc<[u8]>,
     sha256: String,
 }
 
-/// The end of an apply, sent back by its task.
+/// What the loop knows about one registry source.
+struct RegistrySlot {
+    source: SourceState,
+    /// The last good entries: kept while the source fails.
+    entries: Option<Arc<Entries>>,
+}
+
 /// How an apply ended.
 enum Outcome {
     /// The ConfigMap as the API server returned it.
@@ -180,13 +314,27 @@ enum Outcome {
     Failed(String),
 }
 
+/// The end of an apply, sent back by its task.
 struct Applied {
+    /// The [`Publication::id`] it carried.
+    id: String,
+    /// The bundle's SHA-256, for the log.
     sha256: String,
-    /// The resourceVersion the ConfigMap had before, as the loop saw it: the apply's
-    /// precondition.
-    before: Option<String>,
+    /// The ConfigMap as the loop saw it when it decided (`None`: it did not exist): the
+    /// apply's precondition, and what each key's write is counted against.
+    base: Option<Observed>,
+    /// The other keys it carried.
+    keys: BTreeSet<String>,
     outcome: Outcome,
     repair: bool,
+}
+
+/// One update of a source, for the loop.
+struct SourceUpdate {
+    /// The source's position in [`all_sources`].
+    index: usize,
+    event: Event<Content>,
+    at: Instant,
 }
 
 struct Publisher {
@@ -194,26 +342,45 @@ struct Publisher {
     label: String,
     /// The API server, through the newest client of the followed credentials.
     credentials: Credentials,
-    sources_annotation: String,
+    annotations: Vec<(&'static str, String)>,
     policy: Policy,
+    /// The bundle's sources, then the cloud CA's and the registry CAs'.
     slots: Vec<SourceState>,
-    desired: Option<Desired>,
+    cloud_slots: Vec<SourceState>,
+    registry_slots: Vec<RegistrySlot>,
+    bundle: Option<Bundle>,
     build_problem: Option<String>,
+    /// The other keys, as the last pass made them.
+    others: Others,
+    /// Why the cloud CA could not be built, as last logged.
+    cloud_problem: Option<String>,
+    /// The refusals and warnings about the other keys already logged (and counted), so that
+    /// each is said once while it lasts.
+    said: BTreeSet<String>,
+    /// What to apply: the bundle and the other keys; `None` while the bundle cannot be
+    /// built (nothing is published without it).
+    desired: Option<Publication>,
     seen: Seen,
     /// The target's certificates, parsed once per distinct content.
     seen_certificates: Option<(String, Result<Vec<Certificate>, String>)>,
+    /// Each other key's certificates, by the SHA-256 of its value.
+    key_certificates: BTreeMap<String, (String, Vec<Certificate>)>,
+    /// When each other key was last in sync, unix seconds.
+    key_last_sync: BTreeMap<String, f64>,
+    /// The other keys' `filepath` labels whose counters have their series.
+    key_series: BTreeSet<String>,
     target_down: Option<String>,
-    /// The SHA-256 of the last bundle applied, or found published.
+    /// The id of the last publication applied, or found published.
     published: Option<String>,
-    /// An apply in flight: the SHA-256 it carries.
+    /// An apply in flight: the id it carries.
     applying: Option<String>,
     /// After an apply, the resourceVersion it made, until the watch shows it: the watch's
     /// events before it are older than what the apply returned, and are not acted on.
     awaiting: Option<(String, Instant)>,
-    /// The SHA-256 of the bundle whose apply failed last; another bundle is tried at once,
-    /// this one after `retry_at`.
+    /// The id of the publication whose apply failed last; another is tried at once, this
+    /// one after `retry_at`.
     failed: Option<String>,
-    applied_tx: mpsc::UnboundedSender<Applied>,
+    applied_tx: mpsc::UnboundedSender<Box<Applied>>,
     retry_at: Option<Instant>,
     retry_delay: Duration,
     last_error: Option<String>,
@@ -227,7 +394,7 @@ struct Publisher {
 /// The loop's inputs besides the source updates.
 enum Input {
     Target(Event<Observed>),
-    Applied(Applied),
+    Applied(Box<Applied>),
 }
 
 async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyhow::Result<Exit> {
@@ -237,18 +404,15 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
         version = env!("CARGO_PKG_VERSION"),
         to = %label,
         sources = %source_list(&args.sources),
+        cloud_ca_sources = %source_list(&args.cloud_ca_sources),
+        registry_sources = %source_list(&args.registry_sources),
         "publishing"
     );
     let metrics = Arc::new(Metrics::default());
     // Every counter has its series at 0 from the start, as the node agent's do.
-    metrics.init_file(
-        &label,
-        &[
-            crate::metrics::known::CONFIGMAP_SYNC_ERRORS,
-            crate::metrics::known::CLUSTER_SYNC_ERRORS,
-        ],
-    );
-    for spec in &args.sources {
+    metrics.init_file(&label, CONFIGMAP_SYNC_ERRORS);
+    let specs = all_sources(&args);
+    for spec in &specs {
         metrics.init_source(spec);
     }
     let (status_tx, status_rx) = watch::channel(Arc::new(Status {
@@ -277,9 +441,16 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
         _fs_events = Some(fs_rx);
     }
 
+    // One watch per object, whatever the number of sources (of any key) that read it.
     let (update_tx, mut updates) = mpsc::unbounded_channel();
-    cluster::watch_sources(&credentials, &args.sources, &update_tx);
-    drop(update_tx);
+    cluster::watch_objects(
+        &credentials,
+        &specs,
+        content_of(&args),
+        move |index, event, at| {
+            let _ = update_tx.send(SourceUpdate { index, event, at });
+        },
+    );
     let (input_tx, mut inputs) = mpsc::unbounded_channel();
     {
         let input_tx = input_tx.clone();
@@ -312,13 +483,29 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
         credentials,
         to,
         label,
-        sources_annotation: source_list(&args.sources),
+        annotations: source_annotations(&args),
         policy: policy(&args),
         slots: args.sources.iter().map(SourceState::new).collect(),
-        desired: None,
+        cloud_slots: args.cloud_ca_sources.iter().map(SourceState::new).collect(),
+        registry_slots: args
+            .registry_sources
+            .iter()
+            .map(|spec| RegistrySlot {
+                source: SourceState::new(spec),
+                entries: None,
+            })
+            .collect(),
+        bundle: None,
         build_problem: None,
+        others: Others::default(),
+        cloud_problem: None,
+        said: BTreeSet::new(),
+        desired: None,
         seen: Seen::Unknown,
         seen_certificates: None,
+        key_certificates: BTreeMap::new(),
+        key_last_sync: BTreeMap::new(),
+        key_series: BTreeSet::new(),
         target_down: None,
         published: None,
         applying: None,
@@ -370,8 +557,14 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
     Ok(Exit::Success)
 }
 
+/// The sync error reasons of the ConfigMap and of each of its keys.
+const CONFIGMAP_SYNC_ERRORS: &[&[&str]] = &[
+    crate::metrics::known::CONFIGMAP_SYNC_ERRORS,
+    crate::metrics::known::CLUSTER_SYNC_ERRORS,
+];
+
 impl Publisher {
-    fn on_update(&mut self, update: Update) {
+    fn on_update(&mut self, update: SourceUpdate) {
         // As in the node agent: no usable credentials is a sync that cannot happen.
         if let Event::Failed(e) | Event::WatchRestart(e) = &update.event
             && e.reason() == "credentials"
@@ -384,8 +577,37 @@ impl Publisher {
                 })
                 .inc();
         }
-        if self.slots[update.index].observe(update.event, &self.metrics) {
-            self.pending_since.get_or_insert(update.at);
+        let (bundles, clouds) = (self.slots.len(), self.cloud_slots.len());
+        if update.index < bundles + clouds {
+            let event = update.event.filter_map(|c| match c {
+                Content::Bundle(c) => Some(c),
+                Content::Entries(_) => None,
+            });
+            let slot = match update.index.checked_sub(bundles) {
+                None => &mut self.slots[update.index],
+                Some(cloud) => &mut self.cloud_slots[cloud],
+            };
+            if let Some(event) = event
+                && slot.observe(event, &self.metrics)
+            {
+                self.pending_since.get_or_insert(update.at);
+            }
+            return;
+        }
+        let slot = &mut self.registry_slots[update.index - bundles - clouds];
+        match update.event {
+            Event::Content(Content::Entries(entries)) => {
+                slot.source.came_up(entries.entries.len());
+                if slot.entries.as_deref() != Some(&*entries) {
+                    tracing::info!(source = %slot.source.name, registries = entries.entries.len(), refused = entries.refused.len(), "source content changed");
+                    slot.entries = Some(entries);
+                    slot.source.last_change = Some(unix_now());
+                    self.pending_since.get_or_insert(update.at);
+                }
+            }
+            Event::Content(Content::Bundle(_)) => {}
+            Event::Failed(error) => slot.source.failed(&error, false, &self.metrics),
+            Event::WatchRestart(error) => slot.source.failed(&error, true, &self.metrics),
         }
     }
 
@@ -429,21 +651,26 @@ impl Publisher {
         }
     }
 
-    fn on_applied(&mut self, applied: Applied) {
+    fn on_applied(&mut self, applied: Box<Applied>) {
         self.applying = None;
-        let file = FileLabels {
-            filepath: self.label.clone(),
-        };
-        match applied.outcome {
+        let Applied {
+            id,
+            sha256,
+            base,
+            keys,
+            outcome,
+            repair,
+        } = *applied;
+        match outcome {
             Outcome::Moved => {
                 // Not an error: look again once the watch shows what changed (or a second
                 // from now, should it not).
                 tracing::info!(to = %self.label, "the ConfigMap changed before the apply reached it (another replica?); looking again");
                 self.retry_at = Some(Instant::now() + APPLY_RETRY_FIRST);
-                self.failed = Some(applied.sha256);
+                self.failed = Some(id);
             }
             Outcome::Applied(observed) => {
-                self.published = Some(applied.sha256.clone());
+                self.published = Some(id);
                 self.retry_delay = APPLY_RETRY_FIRST;
                 self.retry_at = None;
                 self.failed = None;
@@ -451,15 +678,10 @@ impl Publisher {
                 // The apply was made against `before` (a precondition), so it changed the
                 // ConfigMap unless it returned that very version; one that created it had
                 // no precondition, and counts even if another replica created it first.
-                let changed =
-                    applied.before.is_none() || observed.resource_version != applied.before;
+                let before = base.as_ref().and_then(|b| b.resource_version.clone());
+                let changed = base.is_none() || observed.resource_version != before;
                 if changed {
-                    let counter = if applied.repair {
-                        &self.metrics.repairs
-                    } else {
-                        &self.metrics.writes
-                    };
-                    counter.get_or_create(&file).inc();
+                    self.count_writes(base.as_ref(), &keys, repair, &observed);
                 }
                 let seen_rv = match &self.seen {
                     Seen::Present(seen) => seen.resource_version.clone(),
@@ -476,7 +698,7 @@ impl Publisher {
                         .sync_duration
                         .observe(since.elapsed().as_secs_f64());
                 }
-                tracing::info!(to = %self.label, sha256 = %applied.sha256, repair = applied.repair, "published");
+                tracing::info!(to = %self.label, sha256 = %sha256, other_keys = keys.len(), repair, "published");
             }
             Outcome::Failed(problem) => {
                 self.metrics
@@ -489,16 +711,58 @@ impl Publisher {
                 tracing::error!(to = %self.label, "cannot apply the ConfigMap: {problem}; trying again in {}s", self.retry_delay.as_secs());
                 self.retry_at = Some(Instant::now() + self.retry_delay);
                 self.retry_delay = (self.retry_delay * 2).min(APPLY_RETRY_MAX);
-                self.failed = Some(applied.sha256);
+                self.failed = Some(id);
                 self.last_error = Some(problem);
             }
         }
     }
 
-    /// Builds the bundle from every source's last good content, once each has some.
+    /// Counts an apply that changed the ConfigMap as a write (or a repair) of each key it
+    /// changed: the bundle's when its key or annotation changed (or nothing else did), each
+    /// other key when its value changed, came or went.
+    fn count_writes(
+        &mut self,
+        base: Option<&Observed>,
+        keys: &BTreeSet<String>,
+        repair: bool,
+        after: &Observed,
+    ) {
+        let mut keys: BTreeSet<&String> = keys.iter().collect();
+        keys.extend(base.iter().flat_map(|b| b.owned.iter()));
+        let changed: Vec<String> = keys
+            .into_iter()
+            .filter(|key| base.and_then(|b| b.others.get(*key)) != after.others.get(*key))
+            .map(|key| self.key_label(key))
+            .collect();
+        let bundle = base.is_none_or(|b| b.bytes != after.bytes || b.annotated != after.annotated);
+        let labels = (bundle || changed.is_empty())
+            .then(|| self.label.clone())
+            .into_iter()
+            .chain(changed);
+        let counter = if repair {
+            &self.metrics.repairs
+        } else {
+            &self.metrics.writes
+        };
+        for filepath in labels {
+            counter.get_or_create(&FileLabels { filepath }).inc();
+        }
+    }
+
+    /// Builds what to publish: the bundle from every source's last good content, once each
+    /// has some, and the other keys.
     fn build(&mut self) {
+        self.build_bundle();
+        self.build_others();
+        self.desired = self
+            .bundle
+            .as_ref()
+            .map(|b| Publication::new(b.rendered.clone(), self.others.values.clone()));
+    }
+
+    fn build_bundle(&mut self) {
         if self.slots.iter().any(|s| s.content.is_none()) {
-            self.desired = None;
+            self.bundle = None;
             return;
         }
         let sources: Vec<SourceCertificates> = self
@@ -512,10 +776,10 @@ impl Publisher {
                 self.build_problem = None;
                 let rendered: Arc<[u8]> = built.bundle.render().into();
                 let sha256 = Fingerprint::of(&rendered).to_hex();
-                if self.desired.as_ref().is_some_and(|d| d.sha256 == sha256) {
+                if self.bundle.as_ref().is_some_and(|d| d.sha256 == sha256) {
                     return;
                 }
-                self.desired = Some(Desired {
+                self.bundle = Some(Bundle {
                     certificates: built.bundle.certificates().to_vec(),
                     rendered,
                     sha256,
@@ -537,20 +801,102 @@ impl Publisher {
                         .inc();
                     self.build_problem = Some(problem);
                 }
-                self.desired = None;
+                self.bundle = None;
             }
         }
     }
 
+    /// The other keys, from their sources and what the ConfigMap holds now; their problems
+    /// logged and counted once each while they last.
+    fn build_others(&mut self) {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let cloud: Vec<SourceCertificates> = self
+            .cloud_slots
+            .iter()
+            .filter_map(|s| s.content.clone())
+            .collect();
+        let cloud = if self.cloud_slots.is_empty() {
+            Read::Off
+        } else if cloud.len() == self.cloud_slots.len() {
+            Read::Read(&cloud[..])
+        } else {
+            Read::Unread
+        };
+        let entries: Vec<Entries> = self
+            .registry_slots
+            .iter()
+            .filter_map(|s| s.entries.as_deref().cloned())
+            .collect();
+        let registries = if self.registry_slots.is_empty() {
+            Read::Off
+        } else if entries.len() == self.registry_slots.len() {
+            Read::Read(entries)
+        } else {
+            Read::Unread
+        };
+        let nothing = Observed::new(None, None, None);
+        let seen = match &self.seen {
+            Seen::Present(observed) => observed,
+            _ => &nothing,
+        };
+        let current = Current {
+            values: &seen.others,
+            owned: &seen.owned,
+        };
+        let others = keys::others(cloud, registries, self.policy, now, current);
+        self.tell(&others);
+        self.others = others;
+    }
+
+    fn tell(&mut self, others: &Others) {
+        match &others.cloud_problem {
+            Some((reason, problem)) if self.cloud_problem.as_ref() != Some(problem) => {
+                tracing::error!(reason, "{problem}; {CLOUD_CA_KEY} keeps what it holds");
+                self.metrics
+                    .sync_errors
+                    .get_or_create(&FileReasonLabels {
+                        filepath: self.key_label(CLOUD_CA_KEY),
+                        reason: reason.to_string(),
+                    })
+                    .inc();
+                self.cloud_problem = Some(problem.clone());
+            }
+            Some(_) => {}
+            None => self.cloud_problem = None,
+        }
+        let mut said = BTreeSet::new();
+        for told in &others.refused {
+            if !self.said.contains(&told.text) {
+                tracing::warn!(source = %told.source, reason = told.reason, "{}", told.text);
+                self.metrics
+                    .source_errors
+                    .get_or_create(&SourceReasonLabels {
+                        source: told.source.clone(),
+                        reason: told.reason.to_string(),
+                    })
+                    .inc();
+            }
+            said.insert(told.text.clone());
+        }
+        for warning in &others.warnings {
+            if !self.said.contains(warning) {
+                tracing::warn!("{warning}");
+            }
+            said.insert(warning.clone());
+        }
+        self.said = said;
+    }
+
     fn pass(&mut self) {
         self.build();
-        let desired = self.desired.as_ref().map(|d| d.sha256.as_str());
+        let desired = self.desired.as_ref();
+        let id = desired.map(Publication::id);
         if let (Some(desired), Seen::Present(observed)) = (desired, &self.seen)
             && observed.holds(desired)
-            && self.published.as_deref() != Some(desired)
+            && self.published != id
         {
-            tracing::info!(to = %self.label, sha256 = %desired, "the ConfigMap already holds the bundle");
-            self.published = Some(desired.to_string());
+            tracing::info!(to = %self.label, sha256 = %desired.sha256, other_keys = desired.others.len(), "the ConfigMap already holds the bundle");
+            self.published = id.clone();
             self.pending_since = None;
         }
         let step = configmap::decide(
@@ -559,12 +905,12 @@ impl Publisher {
             &self.seen,
             self.target_down.is_some(),
         );
-        let backing_off = self.retry_at.is_some() && self.failed.as_deref() == desired;
+        let backing_off = self.retry_at.is_some() && self.failed == id;
         match step {
             Step::Wait => {
-                // Nothing left to publish: a source change that left the bundle as it was
-                // has no sync to time.
-                if self.applying.is_none() && self.published.as_deref() == desired {
+                // Nothing left to publish: a source change that left the ConfigMap as it
+                // was has no sync to time.
+                if self.applying.is_none() && self.published == id {
                     self.pending_since = None;
                 }
             }
@@ -572,9 +918,10 @@ impl Publisher {
             step => self.start_apply(step == Step::Repair),
         }
         self.publish_status();
-        crate::runtime::allocator::after_pass(
-            self.desired.as_ref().map_or(0, |d| d.rendered.len()),
-        );
+        let size = self.desired.as_ref().map_or(0, |d| {
+            d.bundle.len() + d.others.values().map(String::len).sum::<usize>()
+        });
+        crate::runtime::allocator::after_pass(size);
     }
 
     fn start_apply(&mut self, repair: bool) {
@@ -586,35 +933,37 @@ impl Publisher {
         } else if repair {
             tracing::warn!(to = %self.label, "the ConfigMap is gone; publishing the bundle again");
         }
-        let before = match &self.seen {
-            Seen::Present(observed) => observed.resource_version.clone(),
+        let base = match &self.seen {
+            Seen::Present(observed) => Some(observed.clone()),
             _ => None,
         };
-        let body = configmap::apply_body(
-            &self.to,
-            &desired.rendered,
-            &desired.sha256,
-            &self.sources_annotation,
-            before.as_deref(),
-        );
+        let before = base.as_ref().and_then(|b| b.resource_version.clone());
+        let body = configmap::apply_body(&self.to, desired, &self.annotations, before.as_deref());
         let key = self.to.key.clone();
         let (name, tx) = (self.to.name.clone(), self.applied_tx.clone());
         let client = self.credentials.client();
         let namespace = self.to.namespace.clone();
+        let id = desired.id();
         let sha256 = desired.sha256.clone();
-        self.applying = Some(sha256.clone());
+        let keys = desired.others.keys().cloned().collect();
+        self.applying = Some(id.clone());
         tokio::spawn(async move {
+            let applied = |outcome| {
+                Box::new(Applied {
+                    id,
+                    sha256,
+                    base,
+                    keys,
+                    outcome,
+                    repair,
+                })
+            };
             let api: Api<ConfigMap> = match client {
                 Ok(client) => Api::namespaced(client, &namespace),
                 Err(why) => {
                     let outcome =
                         Outcome::Failed(format!("no usable credentials for the API server: {why}"));
-                    let _ = tx.send(Applied {
-                        sha256,
-                        before,
-                        outcome,
-                        repair,
-                    });
+                    let _ = tx.send(applied(outcome));
                     return;
                 }
             };
@@ -630,23 +979,20 @@ impl Publisher {
                         cluster::REQUEST_DEADLINE.as_secs()
                     )),
                 };
-            let _ = tx.send(Applied {
-                sha256,
-                before,
-                outcome,
-                repair,
-            });
+            let _ = tx.send(applied(outcome));
         });
     }
 
-    /// Time until the next instant the bundle's validity can change.
+    /// Time until the next instant a published certificate's validity can change.
     fn next_boundary(&self) -> Duration {
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let next = self
             .slots
             .iter()
+            .chain(&self.cloud_slots)
             .filter_map(|s| s.content.as_ref())
             .flat_map(|c| c.certificates.iter())
+            .chain(self.others.certificates.values().flatten())
             .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
             .filter(|&t| t > now)
             .min();
@@ -663,7 +1009,7 @@ impl Publisher {
         {
             return parsed.clone();
         }
-        let parsed = match (&self.desired, observed.bytes.as_deref()) {
+        let parsed = match (&self.bundle, observed.bytes.as_deref()) {
             (Some(d), Some(bytes)) if d.rendered[..] == *bytes => Ok(d.certificates.clone()),
             (_, Some(bytes)) => bundle::parse_source(bytes)
                 .map(|p| p.certificates)
@@ -700,10 +1046,11 @@ impl Publisher {
             valid = false;
             problem = Some(format!("cannot watch the ConfigMap: {down}"));
         }
-        let (in_sync, sync_problem) = match (&self.desired, &seen) {
+        let id = self.desired.as_ref().map(Publication::id);
+        let (in_sync, sync_problem) = match (&self.bundle, &seen) {
             _ if self.target_down.is_some() => (None, None),
             (None, _) | (_, Seen::Unknown) => (None, None),
-            (Some(desired), Seen::Present(observed)) if observed.holds(&desired.sha256) => {
+            (Some(desired), Seen::Present(observed)) if observed.holds_bundle(&desired.sha256) => {
                 (Some(true), None)
             }
             (Some(desired), _) => {
@@ -711,7 +1058,7 @@ impl Publisher {
                     (Some(error), _) => format!("the last apply failed: {error}"),
                     (None, Seen::Present(observed)) => match observed.damage() {
                         Some(damage) => damage,
-                        None if self.published.as_deref() == Some(&desired.sha256) => format!(
+                        None if id.is_some() && self.published == id => format!(
                             "the ConfigMap holds sha256 {} from another writer; this publisher's bundle is sha256 {}",
                             short(observed.annotated.as_deref()),
                             short(Some(&desired.sha256))
@@ -726,6 +1073,14 @@ impl Publisher {
         if in_sync == Some(true) {
             self.last_sync = Some(unix_now());
         }
+        let others = self.key_statuses(now);
+        let sources = self
+            .slots
+            .iter()
+            .chain(&self.cloud_slots)
+            .chain(self.registry_slots.iter().map(|r| &r.source))
+            .map(SourceState::status)
+            .collect();
         let status = Status {
             kind: TargetKind::ConfigMap,
             bundle_path: self.label.clone(),
@@ -735,15 +1090,178 @@ impl Publisher {
             file_problem: problem,
             in_sync,
             sync_problem,
-            sources: self.slots.iter().map(SourceState::status).collect(),
+            sources,
             last_sync: self.last_sync,
             file_watch: None,
             kubelet: None,
-            others: Vec::new(),
+            others,
             nothing_to_keep: false,
-            notes: Vec::new(),
+            notes: self.notes(),
         };
         self.status.send_replace(Arc::new(status));
+    }
+
+    /// `configmap:NS/NAME/KEY`: the `filepath` label of one of the other keys.
+    fn key_label(&self, key: &str) -> String {
+        format!("configmap:{}/{}/{key}", self.to.namespace, self.to.name)
+    }
+
+    /// Whether `key` is one of the other keys this publisher keeps.
+    fn keeps(&self, key: &str) -> bool {
+        (key == CLOUD_CA_KEY && !self.cloud_slots.is_empty())
+            || (key.starts_with(REGISTRY_KEY_PREFIX) && !self.registry_slots.is_empty())
+    }
+
+    /// One status per other key: those the publisher wants, holds, or owns and is about to
+    /// remove. A key is in sync when the ConfigMap holds what the publisher wants for it
+    /// (for a held key, what it held).
+    fn key_statuses(&mut self, now: i64) -> Vec<Status> {
+        let observed = match &self.seen {
+            Seen::Present(observed) => Some(observed.clone()),
+            _ => None,
+        };
+        let mut keys: BTreeSet<String> = self.others.values.keys().cloned().collect();
+        keys.extend(self.others.held.keys().cloned());
+        if !self.cloud_slots.is_empty() {
+            keys.insert(CLOUD_CA_KEY.to_string());
+        }
+        if let Some(observed) = &observed {
+            keys.extend(observed.owned.iter().filter(|k| self.keeps(k)).cloned());
+        }
+        let mut statuses = Vec::with_capacity(keys.len());
+        for key in keys {
+            let label = self.key_label(&key);
+            if self.key_series.insert(label.clone()) {
+                self.metrics.init_file(&label, CONFIGMAP_SYNC_ERRORS);
+            }
+            let bytes = observed.as_ref().and_then(|o| o.others.get(&key).cloned());
+            let want = self.others.values.get(&key).cloned();
+            let certificates = self.key_certificates(&key, bytes.as_deref());
+            let valid = certificates.iter().any(|c| c.is_valid_at(now));
+            let blank = |b: &[u8]| b.iter().all(u8::is_ascii_whitespace);
+            // An empty cloud CA, wanted empty: nothing to keep, and nothing wrong.
+            let nothing_to_keep = key == CLOUD_CA_KEY
+                && bytes.as_deref().is_some_and(blank)
+                && want.as_deref().is_some_and(str::is_empty);
+            let mut file_problem = match (&self.seen, &bytes) {
+                _ if valid || nothing_to_keep => None,
+                (Seen::Unknown, _) => Some("not read yet".to_string()),
+                (Seen::Missing, _) => Some(format!("{} does not exist", self.label)),
+                (_, None) => Some(format!("the ConfigMap has no key {key:?}")),
+                (_, Some(_)) if certificates.is_empty() => {
+                    Some("the key holds no certificate".to_string())
+                }
+                _ => Some("no certificate in the key is valid now".to_string()),
+            };
+            let held = self.others.held.get(&key);
+            let (in_sync, sync_problem) = match (&self.seen, want.as_deref()) {
+                _ if self.target_down.is_some() => (None, None),
+                (Seen::Unknown, _) => (None, None),
+                (_, Some(want)) if bytes.as_deref() == Some(want.as_bytes()) => (Some(true), None),
+                (_, Some(_)) => {
+                    let why = match (&self.last_error, &self.build_problem) {
+                        (Some(error), _) => format!("the last apply failed: {error}"),
+                        _ if self.desired.is_some() => "publishing".to_string(),
+                        (None, Some(problem)) => format!(
+                            "nothing is published while the bundle cannot be built: {problem}"
+                        ),
+                        (None, None) => {
+                            "nothing is published before the bundle's sources are read".to_string()
+                        }
+                    };
+                    (Some(false), Some(why))
+                }
+                (_, None) => {
+                    let owned = observed.as_ref().is_some_and(|o| o.owned.contains(&key));
+                    match (held, &bytes) {
+                        (Some(why), Some(_)) if owned => (Some(false), Some(why.clone())),
+                        (Some(why), _) => (None, Some(why.clone())),
+                        (None, Some(_)) if owned => (
+                            Some(false),
+                            Some("no longer in the sources: the next apply removes it".to_string()),
+                        ),
+                        (None, _) => (
+                            None,
+                            Some("not known yet: a source has not been read".to_string()),
+                        ),
+                    }
+                }
+            };
+            let mut file_valid = valid;
+            if let Some(down) = &self.target_down {
+                file_valid = false;
+                file_problem = Some(format!("cannot watch the ConfigMap: {down}"));
+            }
+            if in_sync == Some(true) {
+                self.key_last_sync.insert(key.clone(), unix_now());
+            }
+            statuses.push(Status {
+                kind: TargetKind::ConfigMap,
+                bundle_path: label,
+                sha256: bytes.as_deref().map(|b| Fingerprint::of(b).to_hex()),
+                certificates,
+                file_valid,
+                file_problem,
+                in_sync,
+                sync_problem,
+                sources: Vec::new(),
+                last_sync: self.key_last_sync.get(&key).copied(),
+                file_watch: None,
+                kubelet: None,
+                others: Vec::new(),
+                nothing_to_keep,
+                notes: Vec::new(),
+            });
+        }
+        statuses
+    }
+
+    /// The certificates of an other key's value, parsed once per distinct value.
+    fn key_certificates(&mut self, key: &str, bytes: Option<&[u8]>) -> Vec<Certificate> {
+        let Some(bytes) = bytes else {
+            return Vec::new();
+        };
+        let sha = Fingerprint::of(bytes).to_hex();
+        if let Some((seen, certificates)) = self.key_certificates.get(key)
+            && *seen == sha
+        {
+            return certificates.clone();
+        }
+        let certificates = match (
+            self.others.values.get(key),
+            self.others.certificates.get(key),
+        ) {
+            (Some(want), Some(certificates)) if want.as_bytes() == bytes => certificates.clone(),
+            _ => crate::target::readable_certificates(bytes),
+        };
+        self.key_certificates
+            .insert(key.to_string(), (sha, certificates.clone()));
+        certificates
+    }
+
+    /// What concerns the other keys as kinds rather than one key: why the cloud CA is held,
+    /// and the registries refused, skipped or held. Shown in `/readyz?verbose`; never a
+    /// reason not to be ready (the sources' input is not the publisher's to fix).
+    fn notes(&self) -> Vec<(String, Option<String>)> {
+        let mut notes = Vec::new();
+        if !self.cloud_slots.is_empty() {
+            let held = self.others.held.get(CLOUD_CA_KEY).cloned();
+            notes.push((format!("held:{CLOUD_CA_KEY}"), held));
+        }
+        if !self.registry_slots.is_empty() {
+            let mut problems: Vec<String> =
+                self.others.refused.iter().map(|t| t.text.clone()).collect();
+            problems.extend(
+                self.others
+                    .held
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(REGISTRY_KEY_PREFIX))
+                    .map(|(k, why)| format!("{k}: {why}")),
+            );
+            let problem = (!problems.is_empty()).then(|| problems.join("; "));
+            notes.push((format!("held:{REGISTRY_KEY_PREFIX}*"), problem));
+        }
+        notes
     }
 }
 

@@ -126,6 +126,11 @@ pub fn configmap_parts<'a>(
             .into_iter()
             .map(|(k, v)| (Some(format!("key {k}")), v))
             .collect()),
+        Keys::Prefix(prefix) => Ok(all
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(prefix.as_str()))
+            .map(|(k, v)| (Some(format!("key {k}")), v))
+            .collect()),
         Keys::One(key) => match all.get(key.as_str()) {
             Some(bytes) => Ok(vec![(None, *bytes)]),
             None => Err(SourceError::Invalid {
@@ -143,7 +148,9 @@ pub fn configmap_parts<'a>(
 /// The entries of a registry set's cluster source (`--manage-registries`): a ControllerConfig
 /// registry list (absent or `null` is an empty list), or every key of a ConfigMap
 /// (`configmap:NS/NAME/*`, `data` and `binaryData` in key order), each key `host..port`
-/// one registry. Each entry is accepted or refused on its own ([`registry::entries`]).
+/// one registry, or the keys that start with a prefix (`configmap:NS/NAME/PREFIX*`, as the
+/// publisher writes `registry.host..port`), each with the prefix taken off. Each entry is
+/// accepted or refused on its own ([`registry::entries`]).
 pub fn registry_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<registry::Entries, SourceError> {
     let name = spec.to_string();
     match (spec, raw) {
@@ -153,10 +160,15 @@ pub fn registry_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<registry::Ent
             value.unwrap_or(&serde_json::Value::Null),
         )),
         (SourceSpec::ConfigMap { keys, .. }, Raw::ConfigMap(configmap)) => {
+            let prefix = match keys {
+                Keys::Prefix(prefix) => prefix.as_str(),
+                Keys::All | Keys::One(_) => "",
+            };
             let parts = configmap_parts(&name, configmap, keys)?;
             let keys = parts.iter().map(|(part, bytes)| {
                 let key = part.as_deref().unwrap_or_default();
-                (key.strip_prefix("key ").unwrap_or(key), *bytes)
+                let key = key.strip_prefix("key ").unwrap_or(key);
+                (key.strip_prefix(prefix).unwrap_or(key), *bytes)
             });
             Ok(registry::from_configmap(&name, keys))
         }
@@ -253,6 +265,26 @@ pub fn bundle_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<SourceCertifica
         }
         _ => panic!("bundle_content: {name} does not read {raw:?}"),
     }
+}
+
+/// The content of a spec that feeds only `--manage` files, whose sources may hold nothing
+/// (SPEC 4b): [`bundle_content`], except that a ConfigMap whose selected keys are all empty
+/// or only whitespace is content with no certificate, as an empty ControllerConfig field
+/// is. The publisher keeps `cloud-ca.pem` as the empty string on a platform without a cloud
+/// CA, and a node's `--manage PATH=configmap:NS/NAME/cloud-ca.pem` is then up with nothing
+/// to keep, where the bundle's own sources (`--source`) still reject an empty key.
+pub fn optional_bundle_content(
+    spec: &SourceSpec,
+    raw: Raw<'_>,
+) -> Result<SourceCertificates, SourceError> {
+    if let (SourceSpec::ConfigMap { keys, .. }, Raw::ConfigMap(configmap)) = (spec, raw) {
+        let parts = configmap_parts(&spec.to_string(), configmap, keys)?;
+        let blank = |(_, bytes): &Part<'_>| bytes.iter().all(u8::is_ascii_whitespace);
+        if !parts.is_empty() && parts.iter().all(blank) {
+            return Ok(SourceCertificates::default());
+        }
+    }
+    bundle_content(spec, raw)
 }
 
 /// The PEM bundle a ControllerConfig field carries, decoded from base64: `None` when the
@@ -1228,6 +1260,121 @@ mod tests {
             list[0]["file"],
             "image-registry.openshift-image-registry.svc..5000"
         );
+    }
+
+    /// A ConfigMap with these `data` keys, and these `binaryData` keys.
+    fn configmap(data: &[(&str, &[u8])], binary: &[(&str, &[u8])]) -> ConfigMap {
+        let text = |v: &[u8]| String::from_utf8(v.to_vec()).unwrap();
+        ConfigMap {
+            data: Some(data.iter().map(|(k, v)| (k.to_string(), text(v))).collect()),
+            binary_data: Some(
+                binary
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.to_vec())))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn a_prefix_takes_the_keys_that_start_with_it_in_key_order() {
+        let (kube, quay, local) = (ca_pem("kube"), ca_pem("quay"), ca_pem("local"));
+        let cm = configmap(
+            &[
+                ("ca-bundle.crt", &kube),
+                ("registry.quay.io", &quay),
+                ("cloud-ca.pem", b""),
+                ("registryx", b"not one of them"),
+            ],
+            &[("registry.local..5000", &local)],
+        );
+        let keys = |k: &str| Keys::Prefix(k.to_string());
+        let parts = configmap_parts("s", &cm, &keys("registry.")).unwrap();
+        let names: Vec<_> = parts.iter().map(|(p, _)| p.clone().unwrap()).collect();
+        assert_eq!(names, ["key registry.local..5000", "key registry.quay.io"]);
+        assert_eq!(parts[1].1, &quay[..]);
+        // As a bundle: the certificates of those keys, in key order.
+        let bundle = spec("configmap:ns/cm/registry.*");
+        let content = bundle_content(&bundle, Raw::ConfigMap(&cm)).unwrap();
+        let pems: Vec<u8> = content
+            .certificates
+            .iter()
+            .flat_map(|c| c.pem().to_vec())
+            .collect();
+        assert_eq!(pems, [local.clone(), quay.clone()].concat());
+        // No key with the prefix: no part, and as a bundle no certificate.
+        assert!(
+            configmap_parts("s", &cm, &keys("none."))
+                .unwrap()
+                .is_empty()
+        );
+        let none = spec("configmap:ns/cm/none.*");
+        let err = bundle_content(&none, Raw::ConfigMap(&cm)).unwrap_err();
+        assert_eq!(err.reason(), "no_certificate");
+    }
+
+    #[test]
+    fn a_registry_set_reads_prefixed_keys_with_the_prefix_taken_off() {
+        let (quay, local) = (ca_pem("quay"), ca_pem("local"));
+        let cm = configmap(
+            &[
+                ("ca-bundle.crt", &ca_pem("kube")),
+                ("cloud-ca.pem", b""),
+                ("registry.quay.io", &quay),
+            ],
+            &[("registry.local..5000", &local)],
+        );
+        let prefixed = spec("configmap:ns/cm/registry.*");
+        let entries = registry_content(&prefixed, Raw::ConfigMap(&cm)).unwrap();
+        let names: Vec<(&str, &str)> = entries
+            .entries
+            .iter()
+            .map(|e| (e.name.raw(), e.name.dir()))
+            .collect();
+        assert_eq!(
+            names,
+            [("local..5000", "local:5000"), ("quay.io", "quay.io")]
+        );
+        assert_eq!(entries.entries[1].content, Ok(quay));
+        assert_eq!(
+            entries.entries[0].place.to_string(),
+            "configmap:ns/cm/registry.* (local..5000)"
+        );
+        assert!(entries.refused.is_empty());
+        // Every key: the publisher's other keys are not registries.
+        let all = registry_content(&spec("configmap:ns/cm/*"), Raw::ConfigMap(&cm)).unwrap();
+        assert_eq!(all.entries.len(), 4, "{all:?}");
+    }
+
+    #[test]
+    fn an_empty_key_is_nothing_to_keep_for_a_managed_file_and_rejected_for_the_bundle() {
+        let cloud = ca_pem("cloud");
+        for (how, value) in [("empty", &b""[..]), ("blank", b" \n\r\n\t")] {
+            let cm = configmap(&[("cloud-ca.pem", value)], &[]);
+            let managed = spec("configmap:ns/cm/cloud-ca.pem");
+            let content = optional_bundle_content(&managed, Raw::ConfigMap(&cm))
+                .unwrap_or_else(|e| panic!("{how}: {e}"));
+            assert_eq!(content, SourceCertificates::default(), "{how}");
+            let err = bundle_content(&managed, Raw::ConfigMap(&cm)).unwrap_err();
+            assert_eq!(err.reason(), "no_certificate", "{how}");
+        }
+        // A key with content is read as the bundle reads it: a key is still refused.
+        let cm = configmap(&[("cloud-ca.pem", &cloud)], &[]);
+        let managed = spec("configmap:ns/cm/cloud-ca.pem");
+        let content = optional_bundle_content(&managed, Raw::ConfigMap(&cm)).unwrap();
+        assert_eq!(content.certificates.len(), 1);
+        let text = b"not a certificate".to_vec();
+        let cm = configmap(&[("cloud-ca.pem", &text)], &[]);
+        let err = optional_bundle_content(&managed, Raw::ConfigMap(&cm)).unwrap_err();
+        assert_eq!(err.reason(), "no_certificate");
+        // A missing key is still missing, and a ControllerConfig field reads as before.
+        let cm = configmap(&[], &[]);
+        let err = optional_bundle_content(&managed, Raw::ConfigMap(&cm)).unwrap_err();
+        assert_eq!(err.reason(), "missing_key");
+        let kube = spec("controllerconfig:mcc");
+        let err = optional_bundle_content(&kube, Raw::Field(Some(&json!("")))).unwrap_err();
+        assert_eq!(err.reason(), "no_certificate");
     }
 
     #[test]

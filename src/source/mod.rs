@@ -33,6 +33,10 @@ pub enum Keys {
     One(String),
     /// Every key of `data` and `binaryData`, in key order (`/*`).
     All,
+    /// Every key of `data` and `binaryData` that starts with the prefix, in key order
+    /// (`/PREFIX*`): the publisher's `registry.*` keys, beside the other keys of its
+    /// ConfigMap. A registry set reads each key with the prefix taken off.
+    Prefix(String),
 }
 
 /// One `--source` spec, parsed.
@@ -92,14 +96,15 @@ impl SourceSpec {
         let problem = match self {
             SourceSpec::ControllerConfig { .. } if self.is_registry_list() => return Ok(()),
             SourceSpec::ConfigMap {
-                keys: Keys::All, ..
+                keys: Keys::All | Keys::Prefix(_),
+                ..
             }
             | SourceSpec::Dir(_) => return Ok(()),
             SourceSpec::ControllerConfig { field, .. } => format!(
                 "spec.{field} is one PEM bundle, not a list of registry CAs: a registry set reads {}",
                 REGISTRY_LIST_FIELDS.join(" or ")
             ),
-            SourceSpec::ConfigMap { .. } => "one key of a ConfigMap is one bundle, not a set of registries: write configmap:NS/NAME/* to take each key (host..port) as one registry".to_string(),
+            SourceSpec::ConfigMap { .. } => "one key of a ConfigMap is one bundle, not a set of registries: write configmap:NS/NAME/* to take each key (host..port) as one registry, or configmap:NS/NAME/PREFIX* for the keys PREFIXhost..port".to_string(),
             SourceSpec::File(_) => "a file: source is one bundle, not a set of registries: use dir:PATH, whose <host..port>.crt files are one registry each".to_string(),
         };
         Err(SpecError {
@@ -124,7 +129,7 @@ pub struct SpecError {
     pub problem: String,
 }
 
-const SPEC_FORMS: &str = "expected configmap:NAMESPACE/NAME[/KEY|/*], controllerconfig:NAME[/FIELD], file:PATH or dir:PATH";
+const SPEC_FORMS: &str = "expected configmap:NAMESPACE/NAME[/KEY|/PREFIX*|/*], controllerconfig:NAME[/FIELD], file:PATH or dir:PATH";
 
 impl FromStr for SourceSpec {
     type Err = SpecError;
@@ -148,13 +153,18 @@ impl FromStr for SourceSpec {
                 let (namespace, name, keys) = match parts[..] {
                     [ns, name] => (ns, name, Keys::One(DEFAULT_CONFIGMAP_KEY.to_string())),
                     [ns, name, "*"] => (ns, name, Keys::All),
-                    [ns, name, key] => (ns, name, Keys::One(key.to_string())),
+                    [ns, name, key] => match key.strip_suffix('*') {
+                        Some(prefix) => (ns, name, Keys::Prefix(prefix.to_string())),
+                        None => (ns, name, Keys::One(key.to_string())),
+                    },
                     _ => return Err(fail(SPEC_FORMS.to_string())),
                 };
                 check_dns_label("namespace", namespace).map_err(&fail)?;
                 check_dns_subdomain("ConfigMap name", name).map_err(&fail)?;
-                if let Keys::One(key) = &keys {
-                    check_configmap_key(key).map_err(&fail)?;
+                match &keys {
+                    Keys::One(key) => check_configmap_key(key).map_err(&fail)?,
+                    Keys::Prefix(prefix) => check_key_prefix(prefix).map_err(&fail)?,
+                    Keys::All => {}
                 }
                 Ok(SourceSpec::ConfigMap {
                     namespace: namespace.to_string(),
@@ -212,6 +222,11 @@ impl fmt::Display for SourceSpec {
                 name,
                 keys: Keys::All,
             } => write!(f, "configmap:{namespace}/{name}/*"),
+            SourceSpec::ConfigMap {
+                namespace,
+                name,
+                keys: Keys::Prefix(prefix),
+            } => write!(f, "configmap:{namespace}/{name}/{prefix}*"),
             // The default field unnamed, so that `controllerconfig:NAME`, the `source` label
             // of metrics long before fields could be named, stays as it was.
             SourceSpec::ControllerConfig { name, field }
@@ -471,17 +486,35 @@ fn check_controllerconfig_field(field: &str) -> Result<(), String> {
     ))
 }
 
-/// ConfigMap keys: `[-._a-zA-Z0-9]+`, at most 253 characters, not `.` or `..`.
-fn check_configmap_key(key: &str) -> Result<(), String> {
-    let ok = !key.is_empty()
-        && key.len() <= 253
+/// The longest ConfigMap key.
+const MAX_CONFIGMAP_KEY: usize = 253;
+
+/// Whether `key` can be a key of a ConfigMap: `[-._a-zA-Z0-9]+`, at most 253 characters,
+/// not `.` or `..` (as the API server validates them).
+pub fn is_configmap_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_CONFIGMAP_KEY
         && key != "."
         && key != ".."
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        && key.bytes().all(is_configmap_key_byte)
+}
+
+fn is_configmap_key_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')
+}
+
+fn check_configmap_key(key: &str) -> Result<(), String> {
+    is_configmap_key(key).then_some(()).ok_or_else(|| {
+        format!("ConfigMap key {key:?} is not valid (letters, digits, '-', '_' and '.'), or use * for every key, PREFIX* for the keys that start with PREFIX")
+    })
+}
+
+/// The PREFIX of `/PREFIX*`: the start of a key, so made of the same characters, and short
+/// enough to leave room for at least one more.
+fn check_key_prefix(prefix: &str) -> Result<(), String> {
+    let ok = prefix.len() < MAX_CONFIGMAP_KEY && prefix.bytes().all(is_configmap_key_byte);
     ok.then_some(()).ok_or_else(|| {
-        format!("ConfigMap key {key:?} is not valid (letters, digits, '-', '_' and '.'), or use * for every key")
+        format!("{prefix:?} cannot start a ConfigMap key (letters, digits, '-', '_' and '.'): PREFIX* takes the keys that start with PREFIX")
     })
 }
 
@@ -495,6 +528,7 @@ mod tests {
             "configmap:openshift-config-managed/kube-apiserver-client-ca",
             "configmap:kube-system/extension-apiserver-authentication/client-ca-file",
             "configmap:ns/name/*",
+            "configmap:kubelet-ca-agent/kubelet-ca-agent/registry.*",
             "controllerconfig:machine-config-controller",
             "controllerconfig:machine-config-controller/cloudProviderCAData",
             "controllerconfig:machine-config-controller/imageRegistryBundleUserData",
@@ -513,6 +547,64 @@ mod tests {
         let implicit: SourceSpec = "configmap:a/b".parse().unwrap();
         assert_eq!(explicit, implicit);
         assert_eq!(explicit.to_string(), "configmap:a/b");
+    }
+
+    #[test]
+    fn a_key_part_ending_in_a_star_is_a_prefix_and_a_lone_star_every_key() {
+        let prefix: SourceSpec = "configmap:kubelet-ca-agent/kubelet-ca-agent/registry.*"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            prefix,
+            SourceSpec::ConfigMap {
+                namespace: "kubelet-ca-agent".into(),
+                name: "kubelet-ca-agent".into(),
+                keys: Keys::Prefix("registry.".into()),
+            }
+        );
+        assert_eq!(
+            prefix.to_string(),
+            "configmap:kubelet-ca-agent/kubelet-ca-agent/registry.*"
+        );
+        let all: SourceSpec = "configmap:ns/name/*".parse().unwrap();
+        assert!(matches!(
+            all,
+            SourceSpec::ConfigMap {
+                keys: Keys::All,
+                ..
+            }
+        ));
+        // A one-character prefix, and one that is a whole key's worth but one.
+        let short: SourceSpec = "configmap:ns/name/r*".parse().unwrap();
+        assert!(matches!(short, SourceSpec::ConfigMap { keys: Keys::Prefix(p), .. } if p == "r"));
+        let longest = format!("configmap:ns/name/{}*", "k".repeat(252));
+        assert_eq!(longest.parse::<SourceSpec>().unwrap().to_string(), longest);
+        let too_long = format!("configmap:ns/name/{}*", "k".repeat(253));
+        assert!(too_long.parse::<SourceSpec>().is_err());
+        let err = "configmap:ns/name/bad prefix*"
+            .parse::<SourceSpec>()
+            .unwrap_err();
+        assert!(
+            err.problem.contains("cannot start a ConfigMap key"),
+            "{err}"
+        );
+        // A prefix feeds a registry set, as every key does; it is one bundle's keys too.
+        assert_eq!(prefix.check_registry_source(), Ok(()));
+        assert_eq!(prefix.check_bundle_source(), Ok(()));
+        let one: SourceSpec = "configmap:ns/name/registry.quay.io".parse().unwrap();
+        let err = one.check_registry_source().unwrap_err();
+        assert!(err.problem.contains("configmap:NS/NAME/PREFIX*"), "{err}");
+    }
+
+    #[test]
+    fn configmap_keys_are_checked_as_the_api_server_checks_them() {
+        for good in ["ca-bundle.crt", "registry.quay.io..5000", "_x", "a"] {
+            assert!(is_configmap_key(good), "{good}");
+        }
+        let long = "k".repeat(254);
+        for bad in ["", ".", "..", "[fd00::1]:5000", "a/b", "a b", long.as_str()] {
+            assert!(!is_configmap_key(bad), "{bad}");
+        }
     }
 
     #[test]
@@ -554,6 +646,9 @@ mod tests {
             "configmap:Bad_NS/name",
             "configmap:ns/name/key/extra",
             "configmap:ns/name/bad key",
+            "configmap:ns/name/**",
+            "configmap:ns/name/a*b",
+            "configmap:ns/name/bad prefix*",
             "configmap:ns/",
             "controllerconfig:",
             "controllerconfig:UPPER",
