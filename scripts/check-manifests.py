@@ -433,7 +433,10 @@ def check(path):
         pub = check_publisher(dep, docs, bad)
         check_scrape("the publisher", pub, named("ServiceMonitor", PUBLISHER), named("Service", PUBLISHER), bad,
                      verify_server=True)
-        needed = {g: READ for g in map(source_grants, pub.sources(DEFAULT_PUBLISHER_SOURCE)) if g}
+        pub_sources = pub.sources(DEFAULT_PUBLISHER_SOURCE) + [
+            s for var in ("KUBELET_CA_AGENT_CLOUD_CA_SOURCE", "KUBELET_CA_AGENT_REGISTRY_SOURCE")
+            for s in (pub.value(var) or "").split(",") if s]
+        needed = {g: READ for g in map(source_grants, pub_sources) if g}
         to = pub.value("KUBELET_CA_AGENT_TO") or ""
         if to.count("/") in (1, 2):
             tns, tname, tkey = configmap_key(to)
@@ -441,6 +444,11 @@ def check(path):
             # The node agents read what the publisher writes, and only that.
             if [configmap_key(s) if s.startswith("configmap:") else s for s in agent_sources] != [(tns, tname, tkey)]:
                 bad(f"the node agents must read the publisher's ConfigMap {to} (key {tkey}) and only it, not {agent_sources}")
+            # Their other files come from the same ConfigMap, from the keys the publisher keeps.
+            for spec in agent.other_sources():
+                _, _, key = configmap_key(spec) if spec.startswith("configmap:") else (None, None, None)
+                if not spec.startswith(f"configmap:{tns}/{tname}/") or key not in ("cloud-ca.pem", "registry.*"):
+                    bad(f"the node agents' other CA files must come from the publisher's ConfigMap {to} (keys cloud-ca.pem, registry.*), not {spec}")
         specials = set()
         if pub.token_webhook:
             specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))

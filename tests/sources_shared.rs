@@ -160,6 +160,13 @@ fn specs_of_one_object_share_one_watch_and_fail_alone() {
         &[("source", CLOUD), ("reason", "bad_base64")],
         |v| v >= 1.0,
     );
+    // The counter moves as the event comes in, the state with the pass that follows.
+    agent.wait_sample(
+        5 * SECOND,
+        "kubelet_ca_source_up",
+        &[("source", CLOUD)],
+        |v| v == 0.0,
+    );
     assert_eq!(
         agent.sample("kubelet_ca_source_up", &[("source", CLOUD)]),
         Some(0.0)
