@@ -692,3 +692,51 @@ fn a_managed_files_missing_directory_is_made_only_when_there_is_something_to_kee
     assert_eq!(fs::read(&cluster.cloud).unwrap(), cloud.pem().as_bytes());
     assert_eq!(mode(cluster.cloud.parent().unwrap()), 0o755);
 }
+
+/// `sync` reads a `--manage` file's ConfigMap key as the daemon does: the publisher's empty
+/// `cloud-ca.pem` (a platform without a cloud CA) is nothing to keep, not a failure, and
+/// the registries come from the same ConfigMap's `registry.*` keys.
+#[test]
+fn sync_takes_the_publishers_empty_cloud_ca_key_as_nothing_to_keep() {
+    let api = ApiServer::start();
+    let (kube, registry) = (
+        Signer::new("kube-apiserver-lb-signer", Algorithm::P256),
+        Signer::new("registry-ca", Algorithm::P256),
+    );
+    let (kube_pem, registry_pem) = (kube.pem(), registry.pem());
+    api.put_configmap(
+        "openshift-machine-config-operator",
+        "kubelet-ca-bundle",
+        &[
+            ("ca-bundle.crt", kube_pem.as_str()),
+            ("cloud-ca.pem", ""),
+            ("registry.quay.example.com..8443", registry_pem.as_str()),
+        ],
+        &[],
+    );
+    let node = Node::new();
+    let cm = "configmap:openshift-machine-config-operator/kubelet-ca-bundle";
+    let cloud = node.root().join("etc/cloud/ca-bundle.pem");
+    let certs = node.root().join("certs.d");
+    let manage = format!("{}={cm}/cloud-ca.pem", cloud.display());
+    let registries = format!("{}={cm}/registry.*", certs.display());
+    let kubeconfig = api.kubeconfig().to_str().unwrap().to_string();
+    let out = node.sync(
+        &[cm],
+        &[
+            "--manage",
+            &manage,
+            "--manage-registries",
+            &registries,
+            "--kubeconfig",
+            &kubeconfig,
+        ],
+    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(node.holds(kube.pem()));
+    assert!(!cloud.exists(), "an empty cloud CA was written");
+    assert_eq!(
+        fs::read(certs.join("quay.example.com:8443/ca.crt")).unwrap(),
+        registry.pem().as_bytes()
+    );
+}

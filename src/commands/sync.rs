@@ -44,7 +44,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
             .collect();
     let blocked: Vec<Option<Blocked>> = files
         .iter()
-        .map(|(path, _, _)| blocked(&args, path))
+        .map(|(path, _, bundle)| blocked(&args, path, *bundle))
         .collect();
     if !args.dry_run
         && let Some(blocked) = blocked.iter().flatten().next()
@@ -173,7 +173,10 @@ fn sync_file(
     let common = &args.common;
     let path = target.path();
     let now = OffsetDateTime::now_utc();
-    let sources = cluster.read_sources(specs, path)?;
+    // A --manage file's source that is not also the bundle's may hold nothing (an empty
+    // cloud-ca.pem key), as in the daemon.
+    let optional = |spec: &SourceSpec| !bundle && !common.sources.contains(spec);
+    let sources = cluster.read_sources(specs, path, optional)?;
     if !bundle
         && sources
             .iter()
@@ -222,6 +225,17 @@ fn sync_file(
         return Ok(());
     }
 
+    if !bundle {
+        let dir = crate::writer::atomic::parent_dir(path);
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&dir)
+                .with_context(|| format!("cannot create the directory {}", dir.display()))?;
+        }
+    }
     target.prepare();
     if let OnDisk::Other(kind) = on_disk {
         tracing::warn!(bundle = %path.display(), "the bundle path is {kind}; replacing it with a regular file");
@@ -259,12 +273,15 @@ impl Blocked {
 
 /// A directory that is not there (the write would fail; the daemon refuses to start on
 /// it too), or an agent that manages the bundle (unless `--force`).
-fn blocked(args: &SyncArgs, path: &Path) -> Option<Blocked> {
+fn blocked(args: &SyncArgs, path: &Path, is_bundle: bool) -> Option<Blocked> {
     let common = &args.common;
     let bundle = escape(&path.display().to_string()).into_owned();
     let dir = crate::writer::atomic::parent_dir(path);
     let shown_dir = escape(&dir.display().to_string()).into_owned();
+    // A --manage file's directory is made when there is something to keep in it, as the
+    // daemon makes it; the bundle's is the kubelet's.
     match std::fs::metadata(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_bundle => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Some(Blocked::Directory(format!(
                 "cannot write {bundle}: its directory {shown_dir} does not exist; create it (on a node it is the kubelet's), or fix --bundle"
@@ -351,12 +368,21 @@ impl Cluster {
         &self,
         specs: &[SourceSpec],
         path: &Path,
+        optional: impl Fn(&SourceSpec) -> bool,
     ) -> anyhow::Result<Vec<SourceCertificates>> {
         let mut sources = Vec::with_capacity(specs.len());
         for spec in specs {
             let parsed = match &self.0 {
                 Some((rt, client, server)) if spec.is_cluster() => {
-                    match rt.block_on(cluster::read_once(client, server, spec)) {
+                    let content = if optional(spec) {
+                        cluster::optional_bundle_content
+                    } else {
+                        cluster::bundle_content
+                    };
+                    let read =
+                        cluster::read_sources(client, server, std::slice::from_ref(spec), content);
+                    let answer = rt.block_on(read).into_iter().next().flatten();
+                    match answer.expect("a cluster source is read") {
                         Ok(parsed) => parsed,
                         Err(error) if error.reason() == "no_answer" => anyhow::bail!(
                             "source {spec}: the API server {server} did not answer within {}s (it took the request and sent nothing); {} was left as it was",

@@ -539,20 +539,6 @@ async fn within<T>(
     }
 }
 
-/// Reads a cluster source once (for `sync` and `publish --once`): one list of the named
-/// object, with a deadline.
-pub async fn read_once(
-    client: &Client,
-    server: &str,
-    spec: &SourceSpec,
-) -> Result<SourceCertificates, SourceError> {
-    let read = read_sources(client, server, std::slice::from_ref(spec), bundle_content).await;
-    match read.into_iter().next().flatten() {
-        Some(answer) => answer,
-        None => panic!("cluster::read_once called for local source {spec}"),
-    }
-}
-
 /// Reads every cluster source among `sources` once, with one list (with a deadline) per
 /// object, whatever the number of specs that read it, and makes each spec's content with
 /// `content` ([`bundle_content`] for PEM files). One answer per source, in order: `None` for
