@@ -558,11 +558,7 @@ impl Collector for StateCollector {
             info,
         )?;
         // A source that feeds several files is one series.
-        let mut specs = std::collections::HashSet::new();
-        let all_sources: Vec<_> = files()
-            .flat_map(|f| f.sources.iter())
-            .filter(|s| specs.insert(s.spec.as_str()))
-            .collect();
+        let all_sources = status.all_sources();
         let sources = || all_sources.iter();
         gauge(
             &mut encoder,

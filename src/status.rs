@@ -57,6 +57,9 @@ pub struct Status {
     /// Checks of the loop that concern no one file, and never fail readiness: each
     /// registry set's refused entries (`registries:DIR`), as (name, problem).
     pub notes: Vec<(String, Option<String>)>,
+    /// Sources of the loop's that no file's status carries: a registry set's, which must
+    /// show whether or not the set has a registry file yet.
+    pub other_sources: Vec<SourceStatus>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -74,6 +77,17 @@ impl Status {
     /// source does not make the agent unready while the file is valid (SPEC 6).
     pub fn ready(&self) -> bool {
         self.bundle_ready() && self.others.iter().all(Status::bundle_ready)
+    }
+
+    /// Every source the loop reads, each once (a source that feeds several files is one):
+    /// the files' in order, then the others'.
+    pub fn all_sources(&self) -> Vec<&SourceStatus> {
+        let mut seen = std::collections::HashSet::new();
+        self.files()
+            .flat_map(|f| f.sources.iter())
+            .chain(self.other_sources.iter())
+            .filter(|s| seen.insert(s.spec.as_str()))
+            .collect()
     }
 
     /// This file's status, then each other managed file's.
@@ -143,9 +157,7 @@ impl Status {
             }
         }
         checks.extend(self.notes.iter().cloned());
-        let mut seen = std::collections::HashSet::new();
-        let sources = self.files().flat_map(|f| f.sources.iter());
-        for source in sources.filter(|s| seen.insert(s.spec.as_str())) {
+        for source in self.all_sources() {
             checks.push((
                 format!("source:{}", source.spec),
                 (!source.up).then(|| {

@@ -740,3 +740,46 @@ fn sync_takes_the_publishers_empty_cloud_ca_key_as_nothing_to_keep() {
         registry.pem().as_bytes()
     );
 }
+
+/// A registry set's sources show in health and metrics whether or not the set has a
+/// registry file yet, and follow their state: a `dir:` source that goes away is down.
+#[test]
+fn a_registry_sets_sources_show_with_no_registry_and_go_down_when_unreadable() {
+    let node = Node::new();
+    let kube = Signer::new("kubelet-signer", Algorithm::P256);
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let entries = node.root().join("registry-cas");
+    fs::create_dir_all(&entries).unwrap();
+    let certs = node.root().join("certs.d");
+    let set = format!("{}=dir:{}", certs.display(), entries.display());
+    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let source = format!("dir:{}", entries.display());
+    let line = format!("source:{source}");
+    wait_until(10 * SECOND, || {
+        check_line(&verbose(&agent), &line).starts_with("[+]")
+    });
+    assert!(
+        check_line(&verbose(&agent), &line).starts_with("[+]"),
+        "{}",
+        verbose(&agent)
+    );
+    assert_eq!(
+        agent.sample("kubelet_ca_source_up", &[("source", &source)]),
+        Some(1.0)
+    );
+    assert!(!certs.exists(), "nothing to keep, nothing made");
+
+    fs::remove_dir(&entries).unwrap();
+    wait_until(10 * SECOND, || {
+        check_line(&verbose(&agent), &line).starts_with("[-]")
+    });
+    assert!(
+        check_line(&verbose(&agent), &line).starts_with("[-]"),
+        "{}",
+        verbose(&agent)
+    );
+    assert_eq!(
+        agent.sample("kubelet_ca_source_up", &[("source", &source)]),
+        Some(0.0)
+    );
+}

@@ -682,6 +682,7 @@ impl Managed {
             others: Vec::new(),
             nothing_to_keep: false,
             notes: Vec::new(),
+            other_sources: Vec::new(),
         };
         self.status = status;
     }

@@ -577,6 +577,7 @@ impl Reconciler {
                 .iter()
                 .map(|s| (format!("registries:{}", s.root().display()), s.note.clone()))
                 .collect(),
+            other_sources: self.sets.iter().flat_map(|s| s.sources()).collect(),
             ..bundle.status.clone()
         };
         self.notifier.status(&status.summary());

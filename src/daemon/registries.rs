@@ -206,6 +206,11 @@ impl RegistrySet {
             })
     }
 
+    /// Its sources' state, as of now.
+    pub(super) fn sources(&self) -> Vec<crate::status::SourceStatus> {
+        self.slots.iter().map(|s| s.source.status()).collect()
+    }
+
     /// The set's directory, absolute.
     pub(crate) fn root(&self) -> &Path {
         &self.root
@@ -908,4 +913,34 @@ fn holds_others(dir: &Path) -> bool {
         name != registry::plan::CA_FILE
             && !crate::writer::atomic::is_temp_file_name(&name.to_string_lossy())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(dir: &Path) -> RegistrySet {
+        let spec: SourceSpec = format!("dir:{}", dir.display()).parse().unwrap();
+        let book = Book::open_with_sets(dir, &[], &[dir.join("certs.d")]);
+        RegistrySet::new(&dir.join("certs.d"), &[spec], 0, Arc::default(), book, dir)
+    }
+
+    #[test]
+    fn the_next_boundary_is_the_next_validity_change_of_a_file_capped_at_an_hour() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = set(dir.path());
+        assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        set.boundary = Some(now + 100);
+        let next = set.next_boundary();
+        assert!(
+            next <= Duration::from_secs(100) && next >= Duration::from_secs(98),
+            "{next:?}"
+        );
+        // Passed, or further than the cap: the cap.
+        set.boundary = Some(now - 5);
+        assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
+        set.boundary = Some(now + 7200);
+        assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
+    }
 }

@@ -1097,6 +1097,7 @@ impl Publisher {
             others,
             nothing_to_keep: false,
             notes: self.notes(),
+            other_sources: Vec::new(),
         };
         self.status.send_replace(Arc::new(status));
     }
@@ -1211,6 +1212,7 @@ impl Publisher {
                 others: Vec::new(),
                 nothing_to_keep,
                 notes: Vec::new(),
+                other_sources: Vec::new(),
             });
         }
         statuses
