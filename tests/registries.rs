@@ -783,3 +783,138 @@ fn a_registry_sets_sources_show_with_no_registry_and_go_down_when_unreadable() {
         Some(0.0)
     );
 }
+
+/// A local registry set on `node`: its entries' directory, DIR, and the `--manage-registries`
+/// value.
+fn local_set(node: &Node, certs: &Path) -> (PathBuf, String) {
+    let entries = node.root().join("registry-cas");
+    fs::create_dir_all(&entries).unwrap();
+    let set = format!("{}=dir:{}", certs.display(), entries.display());
+    (entries, set)
+}
+
+/// DIR may be a link to a directory (certs.d -> /etc/containers/certs.d): the files go
+/// where it points; nothing under it is looked at through a link.
+#[test]
+fn a_registry_directory_that_is_a_link_to_a_directory_is_managed_through_it() {
+    let node = Node::new();
+    let (kube, one) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("one-ca", Algorithm::P256),
+    );
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let real = node.root().join("containers-certs.d");
+    fs::create_dir_all(&real).unwrap();
+    let certs = node.root().join("certs.d");
+    std::os::unix::fs::symlink(&real, &certs).unwrap();
+    let (entries, set) = local_set(&node, &certs);
+    fs::write(entries.join("one.example.com.crt"), one.pem()).unwrap();
+    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let ca = real.join("one.example.com/ca.crt");
+    wait_until(10 * SECOND, || {
+        fs::read(&ca).is_ok_and(|b| b == one.pem().as_bytes())
+    });
+    assert_eq!(
+        fs::read(&ca).unwrap(),
+        one.pem().as_bytes(),
+        "{}",
+        agent.log()
+    );
+    assert!(
+        fs::symlink_metadata(&certs)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+/// A registry that leaves the sources while its CA cannot be removed (immutable) is a
+/// failure in health until it is gone: that CA is still trusted.
+#[test]
+fn a_registry_ca_that_cannot_be_removed_fails_its_line_until_it_is_gone() {
+    if !common::require(common::is_root(), "chattr +i needs root") {
+        return;
+    }
+    let node = Node::new();
+    let (kube, one) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("one-ca", Algorithm::P256),
+    );
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let certs = node.root().join("certs.d");
+    let (entries, set) = local_set(&node, &certs);
+    fs::write(entries.join("one.example.com.crt"), one.pem()).unwrap();
+    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let ca = certs.join("one.example.com/ca.crt");
+    wait_until(10 * SECOND, || ca.exists());
+    if !common::require(
+        common::chattr("+i", &ca),
+        "chattr +i on the test filesystem",
+    ) {
+        return;
+    }
+    fs::remove_file(entries.join("one.example.com.crt")).unwrap();
+    let line = format!("in-sync:{}", ca.display());
+    wait_until(10 * SECOND, || {
+        check_line(&verbose(&agent), &line).starts_with("[-]")
+    });
+    let page = verbose(&agent);
+    let shown = check_line(&page, &line);
+    common::chattr("-i", &ca);
+    assert!(shown.contains("cannot be removed"), "{page}");
+    assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503));
+    // Once it can be, it goes (the retry backs off from a second).
+    wait_until(10 * SECOND, || !ca.exists());
+    assert!(!ca.exists());
+    wait_until(5 * SECOND, || {
+        agent.get("/readyz").map(|r| r.0) == Some(200)
+    });
+    assert_eq!(
+        agent.get("/readyz").map(|r| r.0),
+        Some(200),
+        "{}",
+        verbose(&agent)
+    );
+}
+
+/// A `.crt` of a `dir:` source that cannot be read (a link into a mount not up yet) fails
+/// the source: its registry is not taken for gone, and its CA stays.
+#[test]
+fn an_unreadable_entry_file_fails_its_source_and_removes_nothing() {
+    let node = Node::new();
+    let (kube, one) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("one-ca", Algorithm::P256),
+    );
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let certs = node.root().join("certs.d");
+    let (entries, set) = local_set(&node, &certs);
+    let mounted = node.root().join("mnt");
+    fs::create_dir_all(&mounted).unwrap();
+    fs::write(mounted.join("one.pem"), one.pem()).unwrap();
+    std::os::unix::fs::symlink(mounted.join("one.pem"), entries.join("one.example.com.crt"))
+        .unwrap();
+    let mut agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let ca = certs.join("one.example.com/ca.crt");
+    wait_until(10 * SECOND, || ca.exists());
+    assert!(ca.exists());
+    agent.terminate();
+    // The next boot: the mount is not up yet, the link dangles.
+    fs::remove_dir_all(&mounted).unwrap();
+    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let source = format!("source:dir:{}", entries.display());
+    wait_until(10 * SECOND, || {
+        check_line(&verbose(&agent), &source).starts_with("[-]")
+    });
+    assert!(
+        check_line(&verbose(&agent), &source).starts_with("[-]"),
+        "{}",
+        verbose(&agent)
+    );
+    std::thread::sleep(SECOND);
+    assert_eq!(
+        fs::read(&ca).unwrap(),
+        one.pem().as_bytes(),
+        "the CA was removed"
+    );
+}

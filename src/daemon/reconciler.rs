@@ -220,8 +220,13 @@ pub struct Reconciler {
     files: Vec<Managed>,
     /// Each `--manage-registries` set.
     sets: Vec<RegistrySet>,
-    /// What the agent created under the registry sets' directories, as saved.
+    /// What the agent created under the registry sets' directories.
     created: CreatedRecord,
+    /// The record as last saved: a save that failed is tried again after each pass.
+    saved: CreatedRecord,
+    /// Why the record found at start could not be read: it is then never written over, and
+    /// nothing the agent did not record creating this run is removed.
+    record_unreadable: Option<String>,
     book: Book,
     /// The next re-verification of the files and the local sources.
     verify_at: Instant,
@@ -303,16 +308,18 @@ impl Reconciler {
             ));
             first += set.sources.len();
         }
-        let (created, problem) = book.state_dir().load_registry_record();
-        if let Some(problem) = problem {
+        let (created, record_unreadable) = book.state_dir().load_registry_record();
+        if let Some(problem) = &record_unreadable {
             tracing::warn!(
-                "cannot read the record of created registry files ({problem}): nothing under the registry directories is removed until the agent has made it again"
+                "cannot read the record of created registry files ({problem}): it is left as it is, and nothing under the registry directories is removed but what this run creates"
             );
         }
         Reconciler {
             files,
             sets,
+            saved: created.clone(),
             created,
+            record_unreadable,
             book,
             verify_at: Instant::now() + VERIFY_EVERY,
             file_watch: Some("not started yet".to_string()),
@@ -332,11 +339,10 @@ impl Reconciler {
         for file in &mut self.files {
             file.start();
         }
-        let before = self.created.clone();
         for set in &mut self.sets {
             set.start(&mut self.created);
         }
-        self.save_record(&before);
+        self.save_record();
         self.publish();
     }
 
@@ -530,23 +536,26 @@ impl Reconciler {
             file.reconcile();
             largest = largest.max(file.built_len());
         }
-        let before = self.created.clone();
         for set in self.sets.iter_mut().filter(|s| s.schedule.due) {
             set.reconcile(&mut self.created);
         }
-        self.save_record(&before);
+        self.save_record();
         crate::runtime::allocator::after_pass(largest);
         self.publish();
     }
 
-    /// Saves the record of created registry files when a pass changed it.
-    fn save_record(&self, before: &CreatedRecord) {
-        if self.created != *before
-            && let Err(e) = self.book.state_dir().save_registry_record(&self.created)
-        {
-            tracing::error!(
-                "cannot save the record of created registry files: {e}; what was created since may be left behind when its registry goes"
-            );
+    /// Saves the record of created registry files when it differs from the one saved
+    /// (a save that failed is tried again after the next pass); never over a record that
+    /// could not be read at start.
+    fn save_record(&mut self) {
+        if self.created == self.saved || self.record_unreadable.is_some() {
+            return;
+        }
+        match self.book.state_dir().save_registry_record(&self.created) {
+            Ok(()) => self.saved = self.created.clone(),
+            Err(e) => tracing::error!(
+                "cannot save the record of created registry files: {e}; trying again after the next pass (until then, what was created since would be left behind if the agent stopped)"
+            ),
         }
     }
 

@@ -152,6 +152,18 @@ impl RegistrySet {
 
     /// Reads the `dir:` sources, and runs the first pass. No API call happens here.
     pub(super) fn start(&mut self, record: &mut CreatedRecord) {
+        // Temporary files a killed write left in the registry directories (SPEC 5): they
+        // would keep a directory the agent made from going with its registry.
+        if let Some(created) = record.sets.get(&self.dir) {
+            for name in created.directories.iter().chain(&created.files) {
+                if RegistryName::parse(name).is_ok()
+                    && let Err(e) =
+                        crate::writer::atomic::remove_stale_temp_files(&self.root.join(name))
+                {
+                    tracing::warn!(dir = %self.root.join(name).display(), "cannot remove stale temporary files: {e}");
+                }
+            }
+        }
         let now = Instant::now();
         for index in 0..self.slots.len() {
             if !self.slots[index].source.spec.is_cluster() {
@@ -360,7 +372,9 @@ impl RegistrySet {
     /// listing, and each regular `ca.crt` as the writer read it (for its stat and
     /// SELinux label when it is replaced).
     fn list(&self, names: &BTreeSet<String>) -> (Listing, BTreeMap<String, OnDisk>) {
-        let root = match fs::symlink_metadata(&self.root) {
+        // DIR itself may be a link to a directory (certs.d -> /etc/containers/certs.d); what
+        // is under it is never looked at through a link.
+        let root = match fs::metadata(&self.root) {
             Ok(m) if m.is_dir() => Root::Directory,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Root::Missing,
             _ => Root::NotADirectory,
@@ -608,8 +622,25 @@ impl RegistrySet {
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    tracing::error!(file = %path.display(), "cannot remove the registry CA: {e}");
+                    // Its registry left the sources, and its CA is still trusted: a
+                    // failure to say, in health and metrics, until it is gone.
+                    let problem = format!(
+                        "its registry left the sources, but {} cannot be removed: {e}",
+                        path.display()
+                    );
+                    tracing::error!("{problem}");
+                    self.count_sync_error(
+                        &path.display().to_string(),
+                        crate::writer::io_reason(&e),
+                    );
                     outcome.not_removed.insert(name.dir().to_string());
+                    // Kept among the failures, so that its retries back off.
+                    self.failed.insert(name.dir().to_string(), problem.clone());
+                    outcome.fail(name.dir(), problem);
+                    self.write_retry.step_write(at);
+                    if let Some(until) = self.write_retry.until {
+                        self.schedule.retry_by(until);
+                    }
                     continue;
                 }
             }
@@ -696,6 +727,7 @@ impl RegistrySet {
             .map(|n| n.dir().to_string())
             .collect();
         names.extend(problems.keys().cloned());
+        names.extend(outcome.errors.keys().cloned());
         names.extend(removals_held.iter().map(|s| s.to_string()));
         let mut statuses = Vec::with_capacity(names.len());
         let mut boundary: Option<i64> = None;

@@ -108,11 +108,24 @@ pub fn registry_entries(spec: &SourceSpec) -> Result<registry::Entries, SourceEr
     let SourceSpec::Dir(dir) = spec else {
         panic!("local::registry_entries called for {name}");
     };
-    let mut files = Vec::new();
-    for path in dir_members(&name, dir)? {
-        if path.extension().and_then(|e| e.to_str()) != Some("crt") {
-            continue;
+    let unreadable = |path: &Path, error| SourceError::Unreadable {
+        spec: name.clone(),
+        path: path.to_path_buf(),
+        error,
+    };
+    let mut paths = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| unreadable(dir, e))? {
+        let path = entry.map_err(|e| unreadable(dir, e))?.path();
+        if path.extension().and_then(|e| e.to_str()) == Some("crt") {
+            paths.push(path);
         }
+    }
+    paths.sort();
+    let mut files = Vec::new();
+    for path in paths {
+        // Every `.crt` is a registry: one that cannot be read (a link into a mount not up
+        // yet, a FIFO) fails the whole source, so that its registry is not taken for gone
+        // and its CA removed; the last good entries stand meanwhile.
         let bytes = read_limited(&name, &path, MAX_SOURCE_BYTES)?;
         if bytes.is_empty() {
             return Err(SourceError::Invalid {

@@ -52,12 +52,17 @@ impl WriteError {
             WriteError::Replace { cause, .. } => &cause.error,
             WriteError::Directory { .. } => return Self::NOT_A_FILE,
         };
-        match error.kind() {
-            io::ErrorKind::PermissionDenied => "permission_denied",
-            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "no_space",
-            io::ErrorKind::ReadOnlyFilesystem => "read_only",
-            _ => "io_error",
-        }
+        io_reason(error)
+    }
+}
+
+/// The `reason` label of `kubelet_ca_sync_errors_total` for a failed file operation.
+pub fn io_reason(error: &io::Error) -> &'static str {
+    match error.kind() {
+        io::ErrorKind::PermissionDenied => "permission_denied",
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "no_space",
+        io::ErrorKind::ReadOnlyFilesystem => "read_only",
+        _ => "io_error",
     }
 }
 
