@@ -268,6 +268,28 @@ fn every_ca_file_is_written_and_rotated_and_a_registry_is_added_changed_and_remo
     );
     assert!(admin.join("client.cert").exists());
 
+    // What a rotation replaced is in that file's history.
+    let histories: Vec<PathBuf> = fs::read_dir(cluster.node.state_dir().join("files"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("ca.crt-")
+        })
+        .collect();
+    let kept: Vec<Vec<u8>> = histories
+        .iter()
+        .flat_map(|dir| common::history_entries(dir))
+        .map(|(_, bytes, _)| bytes)
+        .collect();
+    assert!(
+        kept.iter().any(|b| b == internal.pem().as_bytes()),
+        "the replaced registry CA is not in history: {histories:?}"
+    );
+
     // Drift on a registry file is repaired, content and mode.
     let internal_ca = cluster.ca(INTERNAL_DIR);
     fs::write(&internal_ca, "tampered\n").unwrap();
@@ -276,11 +298,24 @@ fn every_ca_file_is_written_and_rotated_and_a_registry_is_added_changed_and_remo
     fs::set_permissions(&internal_ca, fs::Permissions::from_mode(0o600)).unwrap();
     wait_until(5 * SECOND, || mode(&internal_ca) == 0o644);
     assert_eq!(mode(&internal_ca), 0o644);
+    let mut expected_repairs = 2.0;
+    // And its owner, as root.
+    if common::is_root() {
+        std::os::unix::fs::chown(&internal_ca, Some(1000), Some(1000)).unwrap();
+        let owner = || {
+            use std::os::unix::fs::MetadataExt;
+            let m = fs::symlink_metadata(&internal_ca).unwrap();
+            (m.uid(), m.gid())
+        };
+        wait_until(5 * SECOND, || owner() == (0, 0));
+        assert_eq!(owner(), (0, 0));
+        expected_repairs += 1.0;
+    }
     let repairs = agent.sample(
         "kubelet_ca_repairs_total",
         &[("filepath", &internal_ca.display().to_string())],
     );
-    assert_eq!(repairs, Some(2.0));
+    assert_eq!(repairs, Some(expected_repairs));
 
     // Every file is in managed-files.json, and so in drift exclusions.
     let out = std::process::Command::new(common::agent_bin())
@@ -416,6 +451,22 @@ fn hostile_registry_names_are_refused_alone_and_nothing_outside_the_directory_is
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(refused, hostile.len() as f64);
+    // Said once while it lasts: more passes (a change under DIR) count nothing more.
+    fs::write(cluster.certs.join("good.example.com/notes"), "x").unwrap();
+    fs::remove_file(cluster.certs.join("good.example.com/notes")).unwrap();
+    std::thread::sleep(SECOND);
+    let again: f64 = agent
+        .get("/metrics")
+        .unwrap()
+        .1
+        .lines()
+        .filter(|l| l.starts_with("kubelet_ca_source_errors_total{") && l.contains(USER))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        again, refused,
+        "a refusal was counted again on a later pass"
+    );
     assert!(!cluster.cloud.exists(), "an empty cloud CA was created");
     assert!(!cluster.node.root().join("etc/a").exists());
     assert!(!cluster.certs.join(".hidden").exists());
@@ -917,4 +968,78 @@ fn an_unreadable_entry_file_fails_its_source_and_removes_nothing() {
         one.pem().as_bytes(),
         "the CA was removed"
     );
+}
+
+/// What is under DIR is never looked at or written through a link, and something that is
+/// not a directory where a registry's directory should be is left alone: each is that
+/// registry's problem alone. A DIR that is a file manages nothing.
+#[test]
+fn a_link_or_a_file_where_a_registry_directory_should_be_is_left_alone() {
+    let node = Node::new();
+    let (kube, ca) = (
+        Signer::new("kubelet-signer", Algorithm::P256),
+        Signer::new("registry-ca", Algorithm::P256),
+    );
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let certs = node.root().join("certs.d");
+    fs::create_dir_all(&certs).unwrap();
+    let (entries, set) = local_set(&node, &certs);
+    for name in ["linked.example.com", "file.example.com", "good.example.com"] {
+        fs::write(entries.join(format!("{name}.crt")), ca.pem()).unwrap();
+    }
+    let outside = node.root().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, certs.join("linked.example.com")).unwrap();
+    fs::write(certs.join("file.example.com"), "not a directory\n").unwrap();
+    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let good = certs.join("good.example.com/ca.crt");
+    wait_until(10 * SECOND, || good.exists());
+    let line = |name: &str| format!("in-sync:{}", certs.join(name).join("ca.crt").display());
+    wait_until(5 * SECOND, || {
+        check_line(&verbose(&agent), &line("linked.example.com")).starts_with("[-]")
+    });
+    let page = verbose(&agent);
+    assert!(
+        check_line(&page, &line("linked.example.com")).contains("symbolic link"),
+        "{page}"
+    );
+    assert!(
+        check_line(&page, &line("file.example.com")).contains("not a directory"),
+        "{page}"
+    );
+    assert!(
+        check_line(&page, &line("good.example.com")).starts_with("[+]"),
+        "{page}"
+    );
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written through the link"
+    );
+    assert_eq!(
+        fs::read(certs.join("file.example.com")).unwrap(),
+        b"not a directory\n"
+    );
+
+    // DIR itself a file: nothing under it is managed, and it says so.
+    let node = Node::new();
+    let bundle = node.source("kubelet.pem", kube.pem());
+    let certs = node.root().join("certs.d");
+    fs::write(&certs, "a file\n").unwrap();
+    let (entries, set) = local_set(&node, &certs);
+    fs::write(entries.join("good.example.com.crt"), ca.pem()).unwrap();
+    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let line = format!(
+        "in-sync:{}",
+        certs.join("good.example.com/ca.crt").display()
+    );
+    wait_until(10 * SECOND, || {
+        check_line(&verbose(&agent), &line).starts_with("[-]")
+    });
+    let page = verbose(&agent);
+    assert!(
+        check_line(&page, &line).contains("not a directory"),
+        "{page}"
+    );
+    assert_eq!(fs::read(&certs).unwrap(), b"a file\n");
 }
