@@ -206,39 +206,66 @@ pub struct RegistriesSpec {
 
 impl std::fmt::Display for RegistriesSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let sources: Vec<String> = self.sources.iter().map(ToString::to_string).collect();
-        write!(f, "{}={}", self.dir.display(), sources.join(","))
+        write_path_sources(f, &self.dir, &self.sources)
     }
 }
 
 fn parse_manage_registries(s: &str) -> Result<RegistriesSpec, String> {
+    let registry_source = |spec: &str| {
+        let parsed: SourceSpec = spec
+            .parse()
+            .map_err(|e: crate::source::SpecError| e.to_string())?;
+        parsed.check_registry_source().map_err(|e| e.to_string())?;
+        Ok(parsed)
+    };
+    let (dir, sources) = parse_path_sources(
+        s,
+        "DIR",
+        "/etc/docker/certs.d=dir:/etc/registry-cas",
+        "directory",
+        registry_source,
+    )?;
+    Ok(RegistriesSpec { dir, sources })
+}
+
+/// `PATH=SPEC[,SPEC...]` (`--manage`, `--manage-registries`): the path and its sources in
+/// order, each parsed by `source`. `form` and `example` name the form in errors, `what` the
+/// kind of path.
+fn parse_path_sources(
+    s: &str,
+    form: &str,
+    example: &str,
+    what: &str,
+    source: impl Fn(&str) -> Result<SourceSpec, String>,
+) -> Result<(PathBuf, Vec<SourceSpec>), String> {
     let s = s.trim();
-    let (dir, specs) = s.split_once('=').ok_or_else(|| {
-        format!("{s:?} names no sources: expected DIR=SPEC[,SPEC...], e.g. /etc/docker/certs.d=dir:/etc/registry-cas")
+    let (path, specs) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} names no sources: expected {form}=SPEC[,SPEC...], e.g. {example}")
     })?;
-    let dir = dir.trim();
-    if dir.is_empty() {
-        return Err(format!("{s:?} names no directory before '='"));
+    let path = path.trim();
+    if path.is_empty() {
+        return Err(format!("{s:?} names no {what} before '='"));
     }
     let sources = specs
         .split(',')
         .map(str::trim)
         .filter(|spec| !spec.is_empty())
-        .map(|spec| {
-            let parsed: SourceSpec = spec
-                .parse()
-                .map_err(|e: crate::source::SpecError| e.to_string())?;
-            parsed.check_registry_source().map_err(|e| e.to_string())?;
-            Ok(parsed)
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+        .map(source)
+        .collect::<Result<Vec<_>, _>>()?;
     if sources.is_empty() {
-        return Err(format!("{dir} has no sources after '='"));
+        return Err(format!("{path} has no sources after '='"));
     }
-    Ok(RegistriesSpec {
-        dir: PathBuf::from(dir),
-        sources,
-    })
+    Ok((PathBuf::from(path), sources))
+}
+
+/// `PATH=SPEC,SPEC`, as the flags take it.
+fn write_path_sources(
+    f: &mut std::fmt::Formatter<'_>,
+    path: &std::path::Path,
+    sources: &[SourceSpec],
+) -> std::fmt::Result {
+    let sources: Vec<String> = sources.iter().map(ToString::to_string).collect();
+    write!(f, "{}={}", path.display(), sources.join(","))
 }
 
 /// One `--manage` file: where it is, and its sources in priority order.
@@ -250,33 +277,19 @@ pub struct ManageSpec {
 
 impl std::fmt::Display for ManageSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let sources: Vec<String> = self.sources.iter().map(ToString::to_string).collect();
-        write!(f, "{}={}", self.path.display(), sources.join(","))
+        write_path_sources(f, &self.path, &self.sources)
     }
 }
 
 fn parse_manage(s: &str) -> Result<ManageSpec, String> {
-    let s = s.trim();
-    let (path, specs) = s.split_once('=').ok_or_else(|| {
-        format!("{s:?} names no sources: expected PATH=SPEC[,SPEC...], e.g. /etc/pki/ca.pem=file:/run/ca.pem")
-    })?;
-    let path = path.trim();
-    if path.is_empty() {
-        return Err(format!("{s:?} names no file before '='"));
-    }
-    let sources = specs
-        .split(',')
-        .map(str::trim)
-        .filter(|spec| !spec.is_empty())
-        .map(parse_source_spec)
-        .collect::<Result<Vec<_>, _>>()?;
-    if sources.is_empty() {
-        return Err(format!("{path} has no sources after '='"));
-    }
-    Ok(ManageSpec {
-        path: PathBuf::from(path),
-        sources,
-    })
+    let (path, sources) = parse_path_sources(
+        s,
+        "PATH",
+        "/etc/pki/ca.pem=file:/run/ca.pem",
+        "file",
+        parse_source_spec,
+    )?;
+    Ok(ManageSpec { path, sources })
 }
 
 impl CommonArgs {

@@ -796,14 +796,9 @@ fn sync_takes_the_publishers_empty_cloud_ca_key_as_nothing_to_keep() {
 /// registry file yet, and follow their state: a `dir:` source that goes away is down.
 #[test]
 fn a_registry_sets_sources_show_with_no_registry_and_go_down_when_unreadable() {
-    let node = Node::new();
-    let kube = Signer::new("kubelet-signer", Algorithm::P256);
-    let bundle = node.source("kubelet.pem", kube.pem());
-    let entries = node.root().join("registry-cas");
-    fs::create_dir_all(&entries).unwrap();
-    let certs = node.root().join("certs.d");
-    let set = format!("{}=dir:{}", certs.display(), entries.display());
-    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let local = Local::new();
+    let (entries, certs) = (&local.entries, &local.certs);
+    let agent = local.start();
     let source = format!("dir:{}", entries.display());
     let line = format!("source:{source}");
     wait_until(10 * SECOND, || {
@@ -820,7 +815,7 @@ fn a_registry_sets_sources_show_with_no_registry_and_go_down_when_unreadable() {
     );
     assert!(!certs.exists(), "nothing to keep, nothing made");
 
-    fs::remove_dir(&entries).unwrap();
+    fs::remove_dir(entries).unwrap();
     wait_until(10 * SECOND, || {
         check_line(&verbose(&agent), &line).starts_with("[-]")
     });
@@ -835,32 +830,59 @@ fn a_registry_sets_sources_show_with_no_registry_and_go_down_when_unreadable() {
     );
 }
 
-/// A local registry set on `node`: its entries' directory, DIR, and the `--manage-registries`
-/// value.
-fn local_set(node: &Node, certs: &Path) -> (PathBuf, String) {
-    let entries = node.root().join("registry-cas");
-    fs::create_dir_all(&entries).unwrap();
-    let set = format!("{}=dir:{}", certs.display(), entries.display());
-    (entries, set)
+/// A node whose bundle comes from a `file:` source, and a registry set under `certs.d`
+/// fed by a `dir:` source.
+struct Local {
+    node: Node,
+    bundle: String,
+    /// DIR (not created).
+    certs: PathBuf,
+    /// The `dir:` source's directory.
+    entries: PathBuf,
+}
+
+impl Local {
+    fn new() -> Local {
+        let node = Node::new();
+        let kube = Signer::new("kubelet-signer", Algorithm::P256);
+        let bundle = node.source("kubelet.pem", kube.pem());
+        let certs = node.root().join("certs.d");
+        let entries = node.root().join("registry-cas");
+        fs::create_dir_all(&entries).unwrap();
+        Local {
+            node,
+            bundle,
+            certs,
+            entries,
+        }
+    }
+
+    /// The registry `name` (`host..port`) in the source.
+    fn add(&self, name: &str, pem: &str) {
+        fs::write(self.entries.join(format!("{name}.crt")), pem).unwrap();
+    }
+
+    fn ca(&self, dir: &str) -> PathBuf {
+        self.certs.join(dir).join("ca.crt")
+    }
+
+    fn start(&self) -> Agent {
+        let set = format!("{}=dir:{}", self.certs.display(), self.entries.display());
+        Agent::start(&self.node, &[&self.bundle], &["--manage-registries", &set])
+    }
 }
 
 /// DIR may be a link to a directory (certs.d -> /etc/containers/certs.d): the files go
 /// where it points; nothing under it is looked at through a link.
 #[test]
 fn a_registry_directory_that_is_a_link_to_a_directory_is_managed_through_it() {
-    let node = Node::new();
-    let (kube, one) = (
-        Signer::new("kubelet-signer", Algorithm::P256),
-        Signer::new("one-ca", Algorithm::P256),
-    );
-    let bundle = node.source("kubelet.pem", kube.pem());
-    let real = node.root().join("containers-certs.d");
+    let (local, one) = (Local::new(), Signer::new("one-ca", Algorithm::P256));
+    let real = local.node.root().join("containers-certs.d");
     fs::create_dir_all(&real).unwrap();
-    let certs = node.root().join("certs.d");
-    std::os::unix::fs::symlink(&real, &certs).unwrap();
-    let (entries, set) = local_set(&node, &certs);
-    fs::write(entries.join("one.example.com.crt"), one.pem()).unwrap();
-    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    std::os::unix::fs::symlink(&real, &local.certs).unwrap();
+    local.add("one.example.com", &one.pem());
+    let agent = local.start();
+    let certs = &local.certs;
     let ca = real.join("one.example.com/ca.crt");
     wait_until(10 * SECOND, || {
         fs::read(&ca).is_ok_and(|b| b == one.pem().as_bytes())
@@ -872,7 +894,7 @@ fn a_registry_directory_that_is_a_link_to_a_directory_is_managed_through_it() {
         agent.log()
     );
     assert!(
-        fs::symlink_metadata(&certs)
+        fs::symlink_metadata(certs)
             .unwrap()
             .file_type()
             .is_symlink()
@@ -886,17 +908,10 @@ fn a_registry_ca_that_cannot_be_removed_fails_its_line_until_it_is_gone() {
     if !common::require(common::is_root(), "chattr +i needs root") {
         return;
     }
-    let node = Node::new();
-    let (kube, one) = (
-        Signer::new("kubelet-signer", Algorithm::P256),
-        Signer::new("one-ca", Algorithm::P256),
-    );
-    let bundle = node.source("kubelet.pem", kube.pem());
-    let certs = node.root().join("certs.d");
-    let (entries, set) = local_set(&node, &certs);
-    fs::write(entries.join("one.example.com.crt"), one.pem()).unwrap();
-    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
-    let ca = certs.join("one.example.com/ca.crt");
+    let (local, one) = (Local::new(), Signer::new("one-ca", Algorithm::P256));
+    local.add("one.example.com", &one.pem());
+    let agent = local.start();
+    let ca = local.ca("one.example.com");
     wait_until(10 * SECOND, || ca.exists());
     if !common::require(
         common::chattr("+i", &ca),
@@ -904,7 +919,7 @@ fn a_registry_ca_that_cannot_be_removed_fails_its_line_until_it_is_gone() {
     ) {
         return;
     }
-    fs::remove_file(entries.join("one.example.com.crt")).unwrap();
+    fs::remove_file(local.entries.join("one.example.com.crt")).unwrap();
     let line = format!("in-sync:{}", ca.display());
     wait_until(10 * SECOND, || {
         check_line(&verbose(&agent), &line).starts_with("[-]")
@@ -932,27 +947,21 @@ fn a_registry_ca_that_cannot_be_removed_fails_its_line_until_it_is_gone() {
 /// the source: its registry is not taken for gone, and its CA stays.
 #[test]
 fn an_unreadable_entry_file_fails_its_source_and_removes_nothing() {
-    let node = Node::new();
-    let (kube, one) = (
-        Signer::new("kubelet-signer", Algorithm::P256),
-        Signer::new("one-ca", Algorithm::P256),
-    );
-    let bundle = node.source("kubelet.pem", kube.pem());
-    let certs = node.root().join("certs.d");
-    let (entries, set) = local_set(&node, &certs);
-    let mounted = node.root().join("mnt");
+    let (local, one) = (Local::new(), Signer::new("one-ca", Algorithm::P256));
+    let entries = &local.entries;
+    let mounted = local.node.root().join("mnt");
     fs::create_dir_all(&mounted).unwrap();
     fs::write(mounted.join("one.pem"), one.pem()).unwrap();
     std::os::unix::fs::symlink(mounted.join("one.pem"), entries.join("one.example.com.crt"))
         .unwrap();
-    let mut agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
-    let ca = certs.join("one.example.com/ca.crt");
+    let mut agent = local.start();
+    let ca = local.ca("one.example.com");
     wait_until(10 * SECOND, || ca.exists());
     assert!(ca.exists());
     agent.terminate();
     // The next boot: the mount is not up yet, the link dangles.
     fs::remove_dir_all(&mounted).unwrap();
-    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let agent = local.start();
     let source = format!("source:dir:{}", entries.display());
     wait_until(10 * SECOND, || {
         check_line(&verbose(&agent), &source).starts_with("[-]")
@@ -975,23 +984,17 @@ fn an_unreadable_entry_file_fails_its_source_and_removes_nothing() {
 /// registry's problem alone. A DIR that is a file manages nothing.
 #[test]
 fn a_link_or_a_file_where_a_registry_directory_should_be_is_left_alone() {
-    let node = Node::new();
-    let (kube, ca) = (
-        Signer::new("kubelet-signer", Algorithm::P256),
-        Signer::new("registry-ca", Algorithm::P256),
-    );
-    let bundle = node.source("kubelet.pem", kube.pem());
-    let certs = node.root().join("certs.d");
-    fs::create_dir_all(&certs).unwrap();
-    let (entries, set) = local_set(&node, &certs);
+    let (local, ca) = (Local::new(), Signer::new("registry-ca", Algorithm::P256));
+    let certs = &local.certs;
+    fs::create_dir_all(certs).unwrap();
     for name in ["linked.example.com", "file.example.com", "good.example.com"] {
-        fs::write(entries.join(format!("{name}.crt")), ca.pem()).unwrap();
+        local.add(name, &ca.pem());
     }
-    let outside = node.root().join("outside");
+    let outside = local.node.root().join("outside");
     fs::create_dir_all(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, certs.join("linked.example.com")).unwrap();
     fs::write(certs.join("file.example.com"), "not a directory\n").unwrap();
-    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let agent = local.start();
     let good = certs.join("good.example.com/ca.crt");
     wait_until(10 * SECOND, || good.exists());
     let line = |name: &str| format!("in-sync:{}", certs.join(name).join("ca.crt").display());
@@ -1022,13 +1025,11 @@ fn a_link_or_a_file_where_a_registry_directory_should_be_is_left_alone() {
     );
 
     // DIR itself a file: nothing under it is managed, and it says so.
-    let node = Node::new();
-    let bundle = node.source("kubelet.pem", kube.pem());
-    let certs = node.root().join("certs.d");
-    fs::write(&certs, "a file\n").unwrap();
-    let (entries, set) = local_set(&node, &certs);
-    fs::write(entries.join("good.example.com.crt"), ca.pem()).unwrap();
-    let agent = Agent::start(&node, &[&bundle], &["--manage-registries", &set]);
+    let local = Local::new();
+    let certs = &local.certs;
+    fs::write(certs, "a file\n").unwrap();
+    local.add("good.example.com", &ca.pem());
+    let agent = local.start();
     let line = format!(
         "in-sync:{}",
         certs.join("good.example.com/ca.crt").display()
@@ -1041,5 +1042,5 @@ fn a_link_or_a_file_where_a_registry_directory_should_be_is_left_alone() {
         check_line(&page, &line).contains("not a directory"),
         "{page}"
     );
-    assert_eq!(fs::read(&certs).unwrap(), b"a file\n");
+    assert_eq!(fs::read(certs).unwrap(), b"a file\n");
 }
