@@ -1044,3 +1044,40 @@ fn a_link_or_a_file_where_a_registry_directory_should_be_is_left_alone() {
     );
     assert_eq!(fs::read(certs).unwrap(), b"a file\n");
 }
+
+/// A record that could not be saved (the state directory briefly unwritable) is saved
+/// after the next pass, not only when the record changes again: otherwise a restart would
+/// forget a registry file the agent made, and never remove it.
+#[test]
+fn a_record_that_could_not_be_saved_is_saved_after_the_next_pass() {
+    if !common::require(common::is_root(), "chattr +i needs root") {
+        return;
+    }
+    let (local, one, two) = (
+        Local::new(),
+        Signer::new("one-ca", Algorithm::P256),
+        Signer::new("two-ca", Algorithm::P256),
+    );
+    local.add("one.example.com", &one.pem());
+    let agent = local.start();
+    let state = local.node.state_dir();
+    let record = state.join("registries-created.json");
+    let recorded = |name: &str| fs::read_to_string(&record).is_ok_and(|r| r.contains(name));
+    wait_until(10 * SECOND, || recorded("one.example.com"));
+    if !common::require(
+        common::chattr("+i", &state),
+        "chattr +i on the test filesystem",
+    ) {
+        return;
+    }
+    local.add("two.example.com", &two.pem());
+    wait_until(10 * SECOND, || local.ca("two.example.com").exists());
+    std::thread::sleep(SECOND);
+    let unsaved = !recorded("two.example.com");
+    common::chattr("-i", &state);
+    assert!(unsaved, "saved into an immutable state directory?");
+    // A pass for another reason (a change under DIR): the record is saved now.
+    fs::write(local.certs.join("two.example.com/notes"), "x").unwrap();
+    wait_until(10 * SECOND, || recorded("two.example.com"));
+    assert!(recorded("two.example.com"), "{}", agent.log());
+}
