@@ -19,7 +19,7 @@ pub fn one_shot_client(origin: &Origin) -> anyhow::Result<(kube::Client, String)
         )
     })?;
     let server = loaded.server.clone();
-    let client = kube::Client::try_from(loaded.config)
+    let client = crate::credentials::client(loaded.config)
         .map_err(|e| anyhow::anyhow!("cannot build a client for {server}: {e}"))?;
     Ok((client, server))
 }

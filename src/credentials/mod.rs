@@ -10,7 +10,10 @@
 //! certificate rotates every few weeks, and the API server's CA now and then; kube-rs reads
 //! both once, when a client is built, so it is here that they are followed.
 
+pub mod client;
 pub mod load;
+
+pub use client::client;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -190,7 +193,7 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
                 retry_delay = RETRY_FIRST;
                 retry_at = None;
                 if fingerprint != Some(loaded.fingerprint) {
-                    match kube::Client::try_from(loaded.config) {
+                    match client(loaded.config) {
                         Ok(client) => {
                             fingerprint = Some(loaded.fingerprint);
                             let previous = tx.borrow().clone();

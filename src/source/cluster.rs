@@ -29,10 +29,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use kube::core::Status;
-use kube::runtime::utils::Backoff;
-use kube::runtime::watcher::DefaultBackoff;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::lifecycle::{Action, Failure, Happened, Report, Watch};
 use super::{DEFAULT_CONTROLLERCONFIG_FIELD, Keys, SourceError, SourceSpec, parse_parts};
 use crate::bundle::SourceCertificates;
 use crate::credentials::{Credentials, Current};
@@ -333,20 +332,26 @@ pub fn controllerconfig_bundle(
     Ok(Some(bundle))
 }
 
-/// What went wrong with a request to `server`: the API server's answer, or what kept the
-/// request from reaching it, said the way an operator can act on (`https://HOST:PORT:
-/// connection refused`, `... TLS: ...`), never the client library's bare `client error
-/// (Connect)`.
-fn cluster_error(spec: &str, server: &str, error: &kube::Error) -> SourceError {
+/// What went wrong with a request to `server`, and its kind for the watch's lifecycle: the
+/// API server's answer, or what kept the request from reaching it, said the way an operator
+/// can act on (`https://HOST:PORT: connection refused`, `... TLS: ...`), never the client
+/// library's bare `client error (Connect)`. A server that could not be reached at all
+/// (refused, reset, timed out) is [`Failure::Unreachable`]; a TLS failure is an answer.
+fn request_error(spec: &str, server: &str, error: &kube::Error) -> (SourceError, Failure) {
     match error {
-        kube::Error::Api(status) => status_error(spec, status),
+        kube::Error::Api(status) => (status_error(spec, status), status_failure(status)),
         other => {
             let (reason, cause) = transport_cause(other);
-            SourceError::Cluster {
+            let failure = match reason {
+                "unreachable" => Failure::Unreachable,
+                _ => Failure::ANSWERED,
+            };
+            let error = SourceError::Cluster {
                 spec: spec.to_string(),
                 reason,
                 error: format!("{server}: {cause}"),
-            }
+            };
+            (error, failure)
         }
     }
 }
@@ -526,17 +531,48 @@ async fn within<T>(
     what: &str,
     request: impl Future<Output = kube::Result<T>>,
 ) -> Result<T, SourceError> {
+    requested(spec, server, what, request)
+        .await
+        .map_err(|(error, _)| error)
+}
+
+/// [`within`], with a failure told apart as the watch's lifecycle needs it.
+async fn requested<T>(
+    spec: &str,
+    server: &str,
+    what: &str,
+    request: impl Future<Output = kube::Result<T>>,
+) -> Result<T, (SourceError, Failure)> {
     match tokio::time::timeout(REQUEST_DEADLINE, request).await {
-        Ok(answer) => answer.map_err(|e| cluster_error(spec, server, &e)),
-        Err(_) => Err(SourceError::Cluster {
-            spec: spec.to_string(),
-            reason: "no_answer",
-            error: format!(
-                "{server}: the API server took the {what} request and sent no answer within {}s (hung, or a proxy in the way is)",
-                REQUEST_DEADLINE.as_secs()
-            ),
-        }),
+        Ok(answer) => answer.map_err(|e| request_error(spec, server, &e)),
+        Err(_) => Err((
+            SourceError::Cluster {
+                spec: spec.to_string(),
+                reason: "no_answer",
+                error: format!(
+                    "{server}: the API server took the {what} request and sent no answer within {}s (hung, or a proxy in the way is)",
+                    REQUEST_DEADLINE.as_secs()
+                ),
+            },
+            Failure::ANSWERED,
+        )),
     }
+}
+
+/// The kind of failure an error answer is: `410 Gone`, or a failure the server answered,
+/// with the wait it asked for (`retryAfterSeconds`, where the `Retry-After` header of an
+/// answer is put too: [`crate::credentials::client`]).
+fn status_failure(status: &Status) -> Failure {
+    if status.code == 410 {
+        return Failure::Expired;
+    }
+    let retry_after = status
+        .details
+        .as_ref()
+        .map(|details| details.retry_after_seconds)
+        .filter(|seconds| *seconds > 0)
+        .map(|seconds| Duration::from_secs(seconds.into()));
+    Failure::Answered { retry_after }
 }
 
 /// Reads every cluster source among `sources` once, with one list (with a deadline) per
@@ -724,7 +760,7 @@ pub async fn watch_configmap<T: Clone>(
     follow(credentials, api, name, &[spec.to_string()], content, send).await;
 }
 
-/// The object as last seen, kept to be sent again when a watch opens after a failure.
+/// The object as last seen, kept to be sent again when a watch is established after a failure.
 enum LastSeen<T> {
     /// It does not exist.
     Missing,
@@ -735,22 +771,9 @@ enum LastSeen<T> {
     Seen(Vec<Result<T, SourceError>>),
 }
 
-/// Where the watch of one object stands.
-enum Phase<K> {
-    /// Nothing known yet, or the resourceVersion expired (`410 Gone`): list the object.
-    List,
-    /// Open a watch from `rv`: the list's, or the last event's or bookmark's.
-    Watch { rv: String },
-    /// Reading an open watch, which has brought the object to `rv`, made with the client of
-    /// credentials `generation`.
-    Watching {
-        rv: String,
-        events: BoxStream<'static, kube::Result<WatchEvent<K>>>,
-        generation: u64,
-    },
-}
-
-/// The watch loop shared by both kinds of object, for the specs named `specs` that read it.
+/// The watch loop shared by both kinds of object, for the specs named `specs` that read it:
+/// the effects of the state machine in [`lifecycle`], which decides every step (what to
+/// request, how long to wait, when the source is up or down).
 ///
 /// `content` makes of each state of the object one result per spec, in the order of
 /// `specs`; `send` gets each spec's event with the spec's position in `specs` and the
@@ -759,18 +782,16 @@ enum Phase<K> {
 /// What befalls the object itself (a failed request, its absence) goes to every spec, each
 /// error naming its own spec.
 ///
-/// Every failure is sent as a [`SourceEvent::WatchRestart`] (the source is down, its last
-/// good content stays) and followed by a backoff with jitter: kube-runtime's
-/// [`DefaultBackoff`], 0.8 s doubling to 30 s, so that thousands of nodes that lost the API
-/// server together do not come back in step. A watch that opens again after a failure sends
-/// the object as last seen again: a resumed watch brings no event when nothing changed, and
-/// this is what tells the reconciler that the source is back.
+/// A failure is sent as a [`SourceEvent::WatchRestart`] (the source is down, its last good
+/// content stays). A watch that is established again after a failure sends the object as
+/// last seen again: a resumed watch brings no event when nothing changed, and this is what
+/// tells the reconciler that the source is back.
 ///
 /// Each request uses the newest client of `credentials`. When the credentials change, an
 /// open watch is resumed with the new client from the resourceVersion it had reached (no
-/// list); until there are any usable credentials, the source is reported down with why. A
-/// 401, or a server certificate the trusted CAs do not sign, makes the credentials be read
-/// again at once.
+/// list), and a wait ends; until there are any usable credentials, the source is reported
+/// down with why. A 401, or a server certificate the trusted CAs do not sign, makes the
+/// credentials be read again at once.
 async fn follow<K, T: Clone>(
     mut credentials: Credentials,
     api_for: impl Fn(Client) -> Api<K>,
@@ -787,10 +808,7 @@ async fn follow<K, T: Clone>(
     let watch_params = WatchParams::default()
         .fields(&selector(object))
         .timeout(WATCH_TIMEOUT_SECONDS);
-    let mut backoff = retry_backoff();
     let mut current: LastSeen<T> = LastSeen::Missing;
-    // Whether a failure was reported since the source was last known good.
-    let mut down = false;
     // A failure of the object's reading, to every spec.
     let fail = |error: &SourceError, event: fn(SourceError) -> Event<T>, at: Instant| {
         for (i, name) in specs.iter().enumerate() {
@@ -828,10 +846,11 @@ async fn follow<K, T: Clone>(
         tell(&last, at);
         last
     };
-    let mut phase = Phase::List;
-    // When the current watch opened, and when it was last heard from.
-    let mut opened = tokio::time::Instant::now();
-    let mut heard = opened;
+    let (mut watch, mut action) = Watch::start();
+    // The open watch, and the generation of the credentials whose client opened it.
+    let mut open: Option<(BoxStream<'static, kube::Result<WatchEvent<K>>>, u64)> = None;
+    // When the open watch was last heard from.
+    let mut heard = tokio::time::Instant::now();
     loop {
         // The newest client, for the next request.
         let creds = credentials.mark_seen();
@@ -842,200 +861,235 @@ async fn follow<K, T: Clone>(
                     problem: creds.why_none(),
                 };
                 fail(&error, Event::Failed, Instant::now());
-                down = true;
+                watch.lost();
             }
             credentials.changed().await;
             continue;
         };
         let server = creds.server.as_deref().unwrap_or("the API server");
         let api = api_for(client);
-        let failure = match phase {
-            Phase::List => match within(spec, server, "list", api.list(&list_params)).await {
+        // What went wrong this turn, for the report; whether the object was told this turn.
+        let mut trouble: Option<SourceError> = None;
+        let mut told = false;
+        let happened = match &action {
+            Action::List => match requested(spec, server, "list", api.list(&list_params)).await {
                 Ok(list) => match list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
                     Some(rv) => {
                         let arrived = Instant::now();
-                        backoff.reset();
-                        down = false;
                         current = seen(list.items.into_iter().next(), arrived);
-                        phase = Phase::Watch { rv };
-                        continue;
+                        told = true;
+                        Happened::Listed { rv }
                     }
-                    None => Failure::then(
-                        Phase::List,
-                        SourceError::Cluster {
+                    None => {
+                        trouble = Some(SourceError::Cluster {
                             spec: spec.to_string(),
                             reason: "api_error",
                             error: "the list came without a resourceVersion to watch from".into(),
-                        },
-                    ),
-                },
-                Err(error) => Failure::then(Phase::List, error),
-            },
-            Phase::Watch { rv } => {
-                match within(spec, server, "watch", api.watch(&watch_params, &rv)).await {
-                    Ok(events) => {
-                        if std::mem::take(&mut down) {
-                            tell(&current, Instant::now());
-                        }
-                        opened = tokio::time::Instant::now();
-                        heard = opened;
-                        phase = Phase::Watching {
-                            rv,
-                            events: events.boxed(),
-                            generation: creds.generation,
-                        };
-                        continue;
+                        });
+                        Happened::Failed(Failure::ANSWERED)
                     }
-                    Err(error) => Failure::then(Phase::Watch { rv }, error),
+                },
+                Err((error, failure)) => {
+                    trouble = Some(error);
+                    Happened::Failed(failure)
+                }
+            },
+            Action::Watch { rv } => {
+                match requested(spec, server, "watch", api.watch(&watch_params, rv)).await {
+                    Ok(events) => {
+                        open = Some((events.boxed(), creds.generation));
+                        heard = tokio::time::Instant::now();
+                        Happened::Opened
+                    }
+                    Err((error, failure)) => {
+                        trouble = Some(error);
+                        Happened::Failed(failure)
+                    }
                 }
             }
-            // Credentials newer than the watch's (seen at the top of this turn, perhaps
-            // while an event was being handled): resume the watch with them now.
-            Phase::Watching { rv, generation, .. } if generation != creds.generation => {
-                phase = Phase::Watch { rv };
-                continue;
-            }
-            Phase::Watching {
-                rv,
-                mut events,
-                generation,
-            } => {
-                let next = tokio::select! {
-                    next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => Some(next),
-                    () = credentials.changed() => None,
-                };
-                let Some(next) = next else {
-                    let now = credentials.current();
-                    let newer = now.client.is_some() && now.generation != generation;
-                    phase = if newer {
-                        // New credentials: the next request uses them. Resume from where
-                        // the watch was; the old one is dropped.
-                        Phase::Watch { rv }
-                    } else {
-                        Phase::Watching {
-                            rv,
-                            events,
-                            generation,
-                        }
-                    };
+            Action::Read { confirm_at } => {
+                let Some((events, generation)) = open.as_mut() else {
+                    // Nothing open to read (cannot happen): as if it had ended.
+                    let step = watch.step(Happened::Ended, tokio::time::Instant::now(), jitter());
+                    action = step.action;
                     continue;
                 };
-                let arrived = Instant::now();
-                heard = tokio::time::Instant::now();
-                match next {
-                    Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
-                        backoff.reset();
-                        let rv = k.meta().resource_version.clone().unwrap_or(rv);
-                        current = seen(Some(k), arrived);
-                        phase = Phase::Watching {
-                            rv,
-                            events,
-                            generation,
-                        };
-                        continue;
-                    }
-                    Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
-                        backoff.reset();
-                        let rv = k.meta().resource_version.clone().unwrap_or(rv);
-                        current = seen(None, arrived);
-                        phase = Phase::Watching {
-                            rv,
-                            events,
-                            generation,
-                        };
-                        continue;
-                    }
-                    Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
-                        backoff.reset();
-                        let rv = bookmark.metadata.resource_version;
-                        phase = Phase::Watching {
-                            rv,
-                            events,
-                            generation,
-                        };
-                        continue;
-                    }
-                    // The server ended the watch (its timeout, or a connection that closed
-                    // between events): resume from where it was.
-                    Ok(None) => {
-                        // A watch that ends as soon as it opens (a proxy that cuts streams)
-                        // must not become a tight loop of requests: wait as after a failure.
-                        if opened.elapsed() < WATCH_MIN_LIFE {
-                            tokio::time::sleep(backoff.next().unwrap_or(BACKOFF_MAX)).await;
+                if *generation != creds.generation {
+                    // Credentials newer than the watch's (seen at the top of this turn,
+                    // perhaps while an event was being handled).
+                    Happened::NewCredentials
+                } else {
+                    let heard_now = tokio::select! {
+                        next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => Heard::Next(next),
+                        () = sleep_until_some(*confirm_at) => Heard::Quiet,
+                        () = credentials.changed() => Heard::Credentials,
+                    };
+                    let next = match heard_now {
+                        Heard::Next(next) => next,
+                        Heard::Quiet => {
+                            let step = watch.step(
+                                Happened::StayedOpen,
+                                tokio::time::Instant::now(),
+                                jitter(),
+                            );
+                            if step.report == Report::Up {
+                                tell(&current, Instant::now());
+                            }
+                            action = step.action;
+                            continue;
                         }
-                        phase = Phase::Watch { rv };
-                        continue;
-                    }
-                    // The resourceVersion is older than the server keeps: list again.
-                    Ok(Some(Ok(WatchEvent::Error(status)))) if status.code == 410 => {
-                        Failure::then(Phase::List, status_error(spec, &status))
-                    }
-                    Ok(Some(Ok(WatchEvent::Error(status)))) => {
-                        Failure::then(Phase::Watch { rv }, status_error(spec, &status))
-                    }
-                    Ok(Some(Err(error))) => {
-                        Failure::then(Phase::Watch { rv }, cluster_error(spec, server, &error))
-                    }
-                    Err(_silent) => Failure::then(
-                        Phase::Watch { rv },
-                        SourceError::Cluster {
-                            spec: spec.to_string(),
-                            reason: "watch_silent",
-                            error: format!(
-                                "{server}: the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
-                                WATCH_SILENCE.as_secs()
-                            ),
+                        Heard::Credentials => {
+                            // Resume with them if they are usable and new.
+                            let now = credentials.current();
+                            if now.client.is_some() && now.generation != *generation {
+                                let step = watch.step(
+                                    Happened::NewCredentials,
+                                    tokio::time::Instant::now(),
+                                    jitter(),
+                                );
+                                open = None;
+                                action = step.action;
+                            }
+                            continue;
+                        }
+                    };
+                    let arrived = Instant::now();
+                    heard = tokio::time::Instant::now();
+                    let at_rv = |k: &K| {
+                        k.meta()
+                            .resource_version
+                            .clone()
+                            .or_else(|| watch.rv().map(str::to_string))
+                            .unwrap_or_default()
+                    };
+                    match next {
+                        Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
+                            let rv = at_rv(&k);
+                            current = seen(Some(k), arrived);
+                            told = true;
+                            Happened::Delivered { rv }
+                        }
+                        Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
+                            let rv = at_rv(&k);
+                            current = seen(None, arrived);
+                            told = true;
+                            Happened::Delivered { rv }
+                        }
+                        Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => Happened::Delivered {
+                            rv: bookmark.metadata.resource_version,
                         },
-                    ),
+                        // The server ended the watch (its timeout, or a connection that
+                        // closed between events).
+                        Ok(None) => {
+                            trouble = Some(SourceError::Cluster {
+                                spec: spec.to_string(),
+                                reason: "watch_ended",
+                                error: format!(
+                                    "{server}: the watch ended as soon as it was opened (a proxy that cuts streams?)"
+                                ),
+                            });
+                            Happened::Ended
+                        }
+                        Ok(Some(Ok(WatchEvent::Error(status)))) => {
+                            trouble = Some(status_error(spec, &status));
+                            Happened::Failed(status_failure(&status))
+                        }
+                        Ok(Some(Err(error))) => {
+                            let (error, failure) = request_error(spec, server, &error);
+                            trouble = Some(error);
+                            Happened::Failed(failure)
+                        }
+                        Err(_silent) => {
+                            trouble = Some(SourceError::Cluster {
+                                spec: spec.to_string(),
+                                reason: "watch_silent",
+                                error: format!(
+                                    "{server}: the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
+                                    WATCH_SILENCE.as_secs()
+                                ),
+                            });
+                            Happened::Failed(Failure::ANSWERED)
+                        }
+                    }
+                }
+            }
+            Action::Wait { until } => {
+                // New credentials end the wait: they are likely what the failure was
+                // waiting for.
+                let generation = creds.generation;
+                let newer = async {
+                    loop {
+                        credentials.changed().await;
+                        let now = credentials.current();
+                        if now.client.is_some() && now.generation != generation {
+                            return;
+                        }
+                    }
+                };
+                match tokio::time::timeout_at(*until, newer).await {
+                    Ok(()) => Happened::NewCredentials,
+                    Err(_) => Happened::Waited,
                 }
             }
         };
-        if proves_stale(&failure.error) {
-            credentials.stale();
+        if happened == Happened::Failed(Failure::Expired) {
+            tracing::info!(
+                source = spec,
+                "the API server no longer has the watch's resourceVersion (410 Gone, as after a restart): listing again"
+            );
         }
-        let error = with_credentials_hint(failure.error, &creds);
-        fail(&error, Event::WatchRestart, Instant::now());
-        down = true;
-        let delay = backoff.next().unwrap_or(BACKOFF_MAX);
-        // New credentials end the wait: they are likely what the failure was waiting for.
-        let generation = creds.generation;
-        let _ = tokio::time::timeout(delay, async {
-            loop {
-                credentials.changed().await;
-                let now = credentials.current();
-                if now.client.is_some() && now.generation != generation {
-                    return;
+        let step = watch.step(happened, tokio::time::Instant::now(), jitter());
+        match step.report {
+            Report::Down => {
+                let error = trouble.unwrap_or_else(|| SourceError::Cluster {
+                    spec: spec.to_string(),
+                    reason: "api_error",
+                    error: format!("{server}: the watch failed"),
+                });
+                if proves_stale(&error) {
+                    credentials.stale();
                 }
+                let error = with_credentials_hint(error, &creds);
+                fail(&error, Event::WatchRestart, Instant::now());
             }
-        })
-        .await;
-        phase = failure.next;
+            Report::Up if !told => tell(&current, Instant::now()),
+            Report::Up | Report::Nothing => {}
+        }
+        if !matches!(step.action, Action::Read { .. }) {
+            open = None;
+        }
+        action = step.action;
     }
 }
 
-/// A failed step of [`follow`]: what went wrong, and where to go on after the backoff.
-struct Failure<K> {
-    next: Phase<K>,
-    error: SourceError,
-}
-
-impl<K> Failure<K> {
-    fn then(next: Phase<K>, error: SourceError) -> Failure<K> {
-        Failure { next, error }
+/// Sleeps until `at`; forever when there is no instant.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
-/// A watch that ends sooner than this after it opened, with no error, is resumed only after
-/// a backoff delay.
-const WATCH_MIN_LIFE: Duration = Duration::from_secs(1);
+/// A draw for jitter, evenly in `[0, 1)`, from the standard library's randomly keyed hasher
+/// (a new key for each process, a counter for each draw): enough to spread a fleet's
+/// retries, and never used for anything secret.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
 
-/// The cap of [`DefaultBackoff`], should it ever end.
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// The delays between failed attempts: kube-runtime's watcher backoff, 0.8 s doubling to a cap
-/// of 30 s, each with random jitter (SPEC 6), and reset after two quiet minutes.
-fn retry_backoff() -> DefaultBackoff {
-    DefaultBackoff::default()
+/// What the open watch told, or what ended the wait for it.
+enum Heard<T> {
+    /// An item of the stream, its end, or its silence for [`WATCH_SILENCE`].
+    Next(T),
+    /// It stayed open without an error until it counts as established.
+    Quiet,
+    /// The credentials changed.
+    Credentials,
 }
 
 #[cfg(test)]
@@ -1364,19 +1418,13 @@ mod tests {
     }
 
     #[test]
-    fn retries_are_spread_by_jitter_so_nodes_do_not_come_back_in_step() {
-        let firsts: Vec<Duration> = (0..50).map(|_| retry_backoff().next().unwrap()).collect();
-        for delay in &firsts {
-            assert!(
-                (Duration::from_millis(800)..=Duration::from_millis(1600)).contains(delay),
-                "{delay:?}"
-            );
-        }
-        let distinct: std::collections::BTreeSet<_> = firsts.iter().collect();
-        assert!(distinct.len() > 10, "no jitter: {firsts:?}");
-        let mut backoff = retry_backoff();
-        let late = backoff.nth(20).unwrap();
-        assert!(late <= 2 * BACKOFF_MAX, "{late:?}");
+    fn jitter_draws_spread_evenly_over_zero_to_one() {
+        let draws: Vec<f64> = (0..2000).map(|_| jitter()).collect();
+        assert!(draws.iter().all(|d| (0.0..1.0).contains(d)), "{draws:?}");
+        let low = draws.iter().filter(|d| **d < 0.5).count();
+        assert!((800..1200).contains(&low), "{low} of 2000 under a half");
+        let distinct: std::collections::BTreeSet<u64> = draws.iter().map(|d| d.to_bits()).collect();
+        assert_eq!(distinct.len(), draws.len());
     }
 
     #[test]

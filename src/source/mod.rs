@@ -3,6 +3,7 @@
 //! parsed and validated here too; reading them lives with the cluster client.
 
 pub mod cluster;
+pub mod lifecycle;
 pub mod local;
 pub mod state;
 

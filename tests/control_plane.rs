@@ -1,0 +1,204 @@
+//! Control-plane events through the real binary (issue 24, SPEC 6): an outage longer than
+//! any backoff cap, a restart that forgets the watch cache (410 Gone after the reconnect),
+//! a server that sheds load with 429 and `Retry-After`, and a source reported up only once
+//! its watch has delivered.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Node;
+use common::apiserver::{ApiServer, Fault, Request, Target};
+use common::daemon::{Agent, wait_until};
+use common::pki::{Algorithm, Signer};
+
+const SECOND: Duration = Duration::from_secs(1);
+const NS: &str = "openshift-config-managed";
+const NAME: &str = "kube-apiserver-client-ca";
+const SPEC: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+
+/// An agent following the ConfigMap, once it holds `first` and is listening.
+fn started(api: &ApiServer, node: &Node, first: &Signer) -> Agent {
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &first.pem())], &[]);
+    let agent = Agent::start(
+        node,
+        &[SPEC],
+        &["--kubeconfig", api.kubeconfig().to_str().unwrap()],
+    );
+    wait_until(10 * SECOND, || node.holds(first.pem()));
+    agent.wait_listening();
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
+    agent
+}
+
+/// Moves the API server's resourceVersion on, as the rest of a cluster does all the time
+/// (leases, events): a watch cache rebuilt after a restart then starts past anything the
+/// agent has seen, and its resumed watch gets 410 Gone.
+fn cluster_moves_on(api: &ApiServer) {
+    api.put_configmap(
+        NS,
+        "unrelated",
+        &[("n", &format!("{:?}", Instant::now()))],
+        &[],
+    );
+}
+
+/// The requests the agent made at or after `since`, for the ConfigMap (lists and watches).
+fn requests_since(api: &ApiServer, since: Instant) -> Vec<Request> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r.at >= since && r.path.contains("/configmaps"))
+        .collect()
+}
+
+#[test]
+fn after_an_outage_longer_than_any_backoff_cap_a_change_is_followed_within_ten_seconds() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let agent = started(&api, &node, &a);
+
+    api.stop();
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
+    // Longer than the 30 s cap of a server that answers with failures: a backoff grown
+    // on a server that is not there would still be waiting when it is back.
+    std::thread::sleep(40 * SECOND);
+    cluster_moves_on(&api);
+    api.restart();
+    let back = Instant::now();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &(a.pem() + &b.pem()))], &[]);
+    let took = wait_until(10 * SECOND, || node.holds(a.pem() + &b.pem()));
+    eprintln!("the change reached the file {took:?} after the API server was back");
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
+    let lists = requests_since(&api, back)
+        .iter()
+        .filter(|r| r.is_list())
+        .count();
+    assert_eq!(lists, 1, "one list after the outage");
+}
+
+#[test]
+fn a_410_after_a_reconnect_lists_again_at_once_without_a_backoff() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let agent = started(&api, &node, &a);
+
+    // Long enough an outage for several failed attempts, so that a backoff would have grown.
+    api.stop();
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
+    std::thread::sleep(12 * SECOND);
+    cluster_moves_on(&api);
+    let back = Instant::now();
+    api.restart();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    wait_until(10 * SECOND, || node.holds(b.pem()));
+
+    let after = requests_since(&api, back);
+    let expired = after
+        .iter()
+        .position(|r| r.watch)
+        .expect("a watch resumed after the restart");
+    let relist = after[expired..]
+        .iter()
+        .find(|r| r.is_list())
+        .expect("a list after the 410");
+    let gap = relist.at - after[expired].at;
+    assert!(
+        gap < SECOND,
+        "the list came {gap:?} after the watch that got 410 Gone: {:#?}",
+        &after[..=expired]
+    );
+    // Nothing failed: the 410 is not counted as a source error.
+    let log = agent.log();
+    assert!(log.contains("410 Gone"), "{log}");
+    assert_eq!(
+        agent.sample(
+            "kubelet_ca_source_errors_total",
+            &[("source", SPEC), ("reason", "expired")]
+        ),
+        None,
+        "a 410 is not a failure"
+    );
+}
+
+#[test]
+fn a_rolling_restart_is_followed_within_seconds_with_one_list() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let agent = started(&api, &node, &a);
+
+    cluster_moves_on(&api);
+    let back = Instant::now();
+    // Every connection cut at once, and an instance whose watch cache began later answers
+    // at once.
+    api.restart();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    let took = wait_until(5 * SECOND, || node.holds(b.pem()));
+    eprintln!("followed {took:?} after the rolling restart");
+    let lists = requests_since(&api, back)
+        .iter()
+        .filter(|r| r.is_list())
+        .count();
+    assert_eq!(lists, 1, "one list after the restart");
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
+}
+
+#[test]
+fn a_source_is_not_reported_up_on_a_watch_that_is_accepted_then_expired() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let a = Signer::new("signer-a", Algorithm::P256);
+    let agent = started(&api, &node, &a);
+    let ups = || agent.log().matches("source is up").count();
+    assert_eq!(ups(), 1);
+
+    api.stop();
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
+    cluster_moves_on(&api);
+    // Back, but every list fails: a resumed watch is accepted (HTTP 200) and expired at
+    // once (410), and nothing is ever delivered.
+    api.fail_next_on(Target::List, 1_000, Fault::Status(500));
+    api.restart();
+    wait_until(10 * SECOND, || {
+        let after = api.requests();
+        after.iter().any(|r| r.watch) && after.iter().filter(|r| r.is_list()).count() >= 3
+    });
+    assert_eq!(ups(), 1, "reported up on a watch that delivered nothing");
+    assert_eq!(agent.metric("kubelet_ca_source_up{"), Some(0.0));
+    let (_, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert!(verbose.contains(&format!("[-]source:{SPEC}")), "{verbose}");
+
+    // Lists answer again: up once the list has delivered.
+    api.fail_next_on(Target::List, 0, Fault::Status(500));
+    agent.wait_metric(40 * SECOND, "kubelet_ca_source_up{", 1.0);
+    assert_eq!(ups(), 2);
+}
+
+#[test]
+fn a_quiet_object_is_up_again_once_its_resumed_watch_stays_open() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let a = Signer::new("signer-a", Algorithm::P256);
+    let agent = started(&api, &node, &a);
+
+    // A short outage without a restart of the watch cache (a network blip): the resumed
+    // watch is accepted and stays open, with nothing to deliver on an object that does not
+    // change.
+    api.fail_next_on(Target::Watch, 1, Fault::Status(503));
+    api.close_watches();
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 1.0);
+    let lists = api.requests().iter().filter(|r| r.is_list()).count();
+    assert_eq!(lists, 1, "resumed from where it was, with no list");
+}
