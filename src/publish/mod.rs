@@ -35,15 +35,16 @@ use crate::registry::Entries;
 use crate::server::endpoint::Endpoint;
 use crate::server::{self, Pongs};
 use crate::source::cluster::{self, Event, Raw};
+use crate::source::lifecycle::{self, Backoff, Failure};
 use crate::source::state::SourceState;
 use crate::source::{SourceError, SourceSpec};
 use crate::status::{Status, TargetKind, unix_now};
 use configmap::{Observed, Publication, Seen, Step};
 use keys::{CLOUD_CA_KEY, Current, Others, REGISTRY_KEY_PREFIX, Read};
 
-/// A failed apply is tried again from 1 s, doubling, up to this.
+/// An apply that found the ConfigMap moved looks again after this (a failed one waits as
+/// [`Backoff`] says).
 const APPLY_RETRY_FIRST: Duration = Duration::from_secs(1);
-const APPLY_RETRY_MAX: Duration = Duration::from_secs(60);
 /// How long the watch's events are held to be older than an apply's answer, at most.
 const AWAIT_OWN_WRITE: Duration = Duration::from_secs(5);
 /// Certificate boundaries are re-checked at least this often, in case the clock jumps.
@@ -311,7 +312,8 @@ enum Outcome {
     /// Its resourceVersion was no longer the one the apply was made against: another
     /// writer (another replica, most likely) changed it first.
     Moved,
-    Failed(String),
+    /// It failed: why, and the kind of failure, which says how long to wait.
+    Failed(String, Failure),
 }
 
 /// The end of an apply, sent back by its task.
@@ -382,7 +384,8 @@ struct Publisher {
     failed: Option<String>,
     applied_tx: mpsc::UnboundedSender<Box<Applied>>,
     retry_at: Option<Instant>,
-    retry_delay: Duration,
+    /// The delays between failed applies, by what failed (SPEC 6, as for the watches).
+    apply_backoff: Backoff,
     last_error: Option<String>,
     /// The first source change not yet published: the start of the sync duration.
     pending_since: Option<Instant>,
@@ -513,7 +516,7 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
         failed: None,
         applied_tx,
         retry_at: None,
-        retry_delay: APPLY_RETRY_FIRST,
+        apply_backoff: Backoff::default(),
         last_error: None,
         pending_since: None,
         last_sync: None,
@@ -671,7 +674,7 @@ impl Publisher {
             }
             Outcome::Applied(observed) => {
                 self.published = Some(id);
-                self.retry_delay = APPLY_RETRY_FIRST;
+                self.apply_backoff.reset();
                 self.retry_at = None;
                 self.failed = None;
                 self.last_error = None;
@@ -700,7 +703,7 @@ impl Publisher {
                 }
                 tracing::info!(to = %self.label, sha256 = %sha256, other_keys = keys.len(), repair, "published");
             }
-            Outcome::Failed(problem) => {
+            Outcome::Failed(problem, failure) => {
                 self.metrics
                     .sync_errors
                     .get_or_create(&FileReasonLabels {
@@ -708,9 +711,9 @@ impl Publisher {
                         reason: "apply_failed".to_string(),
                     })
                     .inc();
-                tracing::error!(to = %self.label, "cannot apply the ConfigMap: {problem}; trying again in {}s", self.retry_delay.as_secs());
-                self.retry_at = Some(Instant::now() + self.retry_delay);
-                self.retry_delay = (self.retry_delay * 2).min(APPLY_RETRY_MAX);
+                let delay = self.apply_backoff.after(failure, lifecycle::jitter());
+                tracing::error!(to = %self.label, "cannot apply the ConfigMap: {problem}; trying again in {:.1}s", delay.as_secs_f64());
+                self.retry_at = Some(Instant::now() + delay);
                 self.failed = Some(id);
                 self.last_error = Some(problem);
             }
@@ -961,8 +964,10 @@ impl Publisher {
             let api: Api<ConfigMap> = match client {
                 Ok(client) => Api::namespaced(client, &namespace),
                 Err(why) => {
-                    let outcome =
-                        Outcome::Failed(format!("no usable credentials for the API server: {why}"));
+                    let outcome = Outcome::Failed(
+                        format!("no usable credentials for the API server: {why}"),
+                        Failure::ANSWERED,
+                    );
                     let _ = tx.send(applied(outcome));
                     return;
                 }
@@ -973,11 +978,14 @@ impl Publisher {
                 {
                     Ok(Ok(cm)) => Outcome::Applied(Observed::of(&cm, &key)),
                     Ok(Err(kube::Error::Api(status))) if status.code == 409 => Outcome::Moved,
-                    Ok(Err(e)) => Outcome::Failed(kube_error(&e)),
-                    Err(_) => Outcome::Failed(format!(
-                        "the API server sent no answer within {}s",
-                        cluster::REQUEST_DEADLINE.as_secs()
-                    )),
+                    Ok(Err(e)) => Outcome::Failed(kube_error(&e), cluster::failure_of(&e)),
+                    Err(_) => Outcome::Failed(
+                        format!(
+                            "the API server sent no answer within {}s",
+                            cluster::REQUEST_DEADLINE.as_secs()
+                        ),
+                        Failure::ANSWERED,
+                    ),
                 };
             let _ = tx.send(applied(outcome));
         });

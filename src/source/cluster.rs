@@ -31,7 +31,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchPa
 use kube::core::Status;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::lifecycle::{Action, Failure, Happened, Report, Watch};
+use super::lifecycle::{self, Action, Failure, Happened, Report, Watch};
 use super::{DEFAULT_CONTROLLERCONFIG_FIELD, Keys, SourceError, SourceSpec, parse_parts};
 use crate::bundle::SourceCertificates;
 use crate::credentials::{Credentials, Current};
@@ -338,21 +338,30 @@ pub fn controllerconfig_bundle(
 /// library's bare `client error (Connect)`. A server that could not be reached at all
 /// (refused, reset, timed out) is [`Failure::Unreachable`]; a TLS failure is an answer.
 fn request_error(spec: &str, server: &str, error: &kube::Error) -> (SourceError, Failure) {
-    match error {
-        kube::Error::Api(status) => (status_error(spec, status), status_failure(status)),
+    let source_error = match error {
+        kube::Error::Api(status) => status_error(spec, status),
         other => {
             let (reason, cause) = transport_cause(other);
-            let failure = match reason {
-                "unreachable" => Failure::Unreachable,
-                _ => Failure::ANSWERED,
-            };
-            let error = SourceError::Cluster {
+            SourceError::Cluster {
                 spec: spec.to_string(),
                 reason,
                 error: format!("{server}: {cause}"),
-            };
-            (error, failure)
+            }
         }
+    };
+    (source_error, failure_of(error))
+}
+
+/// The kind of failure `error` is, for a backoff ([`lifecycle::Backoff`]): a server that
+/// could not be reached at all (refused, reset, timed out), `410 Gone`, or a failure the
+/// server answered (a TLS failure among them), with the wait it asked for.
+pub fn failure_of(error: &kube::Error) -> Failure {
+    match error {
+        kube::Error::Api(status) => status_failure(status),
+        other => match transport_cause(other).0 {
+            "unreachable" => Failure::Unreachable,
+            _ => Failure::ANSWERED,
+        },
     }
 }
 
@@ -910,7 +919,11 @@ async fn follow<K, T: Clone>(
             Action::Read { confirm_at } => {
                 let Some((events, generation)) = open.as_mut() else {
                     // Nothing open to read (cannot happen): as if it had ended.
-                    let step = watch.step(Happened::Ended, tokio::time::Instant::now(), jitter());
+                    let step = watch.step(
+                        Happened::Ended,
+                        tokio::time::Instant::now(),
+                        lifecycle::jitter(),
+                    );
                     action = step.action;
                     continue;
                 };
@@ -930,7 +943,7 @@ async fn follow<K, T: Clone>(
                             let step = watch.step(
                                 Happened::StayedOpen,
                                 tokio::time::Instant::now(),
-                                jitter(),
+                                lifecycle::jitter(),
                             );
                             if step.report == Report::Up {
                                 tell(&current, Instant::now());
@@ -945,7 +958,7 @@ async fn follow<K, T: Clone>(
                                 let step = watch.step(
                                     Happened::NewCredentials,
                                     tokio::time::Instant::now(),
-                                    jitter(),
+                                    lifecycle::jitter(),
                                 );
                                 open = None;
                                 action = step.action;
@@ -1038,7 +1051,7 @@ async fn follow<K, T: Clone>(
                 "the API server no longer has the watch's resourceVersion (410 Gone, as after a restart): listing again"
             );
         }
-        let step = watch.step(happened, tokio::time::Instant::now(), jitter());
+        let step = watch.step(happened, tokio::time::Instant::now(), lifecycle::jitter());
         match step.report {
             Report::Down => {
                 let error = trouble.unwrap_or_else(|| SourceError::Cluster {
@@ -1068,18 +1081,6 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// A draw for jitter, evenly in `[0, 1)`, from the standard library's randomly keyed hasher
-/// (a new key for each process, a counter for each draw): enough to spread a fleet's
-/// retries, and never used for anything secret.
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static DRAWS: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// What the open watch told, or what ended the wait for it.
@@ -1415,16 +1416,6 @@ mod tests {
         let kube = spec("controllerconfig:mcc");
         let err = optional_bundle_content(&kube, Raw::Field(Some(&json!("")))).unwrap_err();
         assert_eq!(err.reason(), "no_certificate");
-    }
-
-    #[test]
-    fn jitter_draws_spread_evenly_over_zero_to_one() {
-        let draws: Vec<f64> = (0..2000).map(|_| jitter()).collect();
-        assert!(draws.iter().all(|d| (0.0..1.0).contains(d)), "{draws:?}");
-        let low = draws.iter().filter(|d| **d < 0.5).count();
-        assert!((800..1200).contains(&low), "{low} of 2000 under a half");
-        let distinct: std::collections::BTreeSet<u64> = draws.iter().map(|d| d.to_bits()).collect();
-        assert_eq!(distinct.len(), draws.len());
     }
 
     #[test]

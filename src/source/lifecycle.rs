@@ -417,6 +417,18 @@ fn resume_action(state: &State) -> Action {
     }
 }
 
+/// A draw for jitter, evenly in `[0, 1)`, from the standard library's randomly keyed hasher
+/// (a new key for each process, a counter for each draw): enough to spread a fleet's
+/// retries, and never used for anything secret.
+pub fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// `first`, doubled for each failure after the first, at most `max`.
 fn doubled(first: Duration, failures: u32, max: Duration) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
@@ -791,5 +803,14 @@ mod tests {
         let step = w.step(Happened::Delivered { rv: rv("1") }, now, MIN);
         assert!(matches!(step.action, Action::Wait { .. }));
         assert_eq!(w, waiting);
+    }
+    #[test]
+    fn jitter_draws_spread_evenly_over_zero_to_one() {
+        let draws: Vec<f64> = (0..2000).map(|_| jitter()).collect();
+        assert!(draws.iter().all(|d| (0.0..1.0).contains(d)), "{draws:?}");
+        let low = draws.iter().filter(|d| **d < 0.5).count();
+        assert!((800..1200).contains(&low), "{low} of 2000 under a half");
+        let distinct: std::collections::BTreeSet<u64> = draws.iter().map(|d| d.to_bits()).collect();
+        assert_eq!(distinct.len(), draws.len());
     }
 }
