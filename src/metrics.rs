@@ -34,6 +34,14 @@ pub struct FileReasonLabels {
     pub reason: String,
 }
 
+/// A review of the endpoint (`token`: a TokenReview, `access`: a SubjectAccessReview) and
+/// why it could not be made.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub review: String,
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: String,
@@ -112,6 +120,7 @@ pub struct Metrics {
     pub sync_duration: Histogram,
     pub watch_restarts: Family<SourceLabels, Counter>,
     pub state_errors: Family<RecordLabels, Counter>,
+    pub review_errors: Family<ReviewLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -179,6 +188,17 @@ pub mod known {
     pub const REJECTED_CERTIFICATES: &[&str] = &["not_ca"];
     /// `kubelet_ca_state_errors_total{record}`.
     pub const RECORDS: &[&str] = &["history", "retention", "managed_files"];
+    /// `kubelet_ca_review_errors_total{reason}` (`server::review::Reason`).
+    pub const REVIEW_ERRORS: &[&str] = &[
+        "unreachable",
+        "tls",
+        "no_answer",
+        "unauthorized",
+        "forbidden",
+        "api_error",
+        "credentials",
+        "circuit_open",
+    ];
 }
 
 // Creating a series (`get_or_create`) is all the `init_*` functions do: the guard it
@@ -237,6 +257,16 @@ impl Metrics {
         }
     }
 
+    /// The series of the endpoint's reviews of one kind (`token`, `access`), at 0.
+    pub fn init_reviews(&self, review: &str) {
+        for reason in known::REVIEW_ERRORS {
+            let _ = self.review_errors.get_or_create(&ReviewLabels {
+                review: review.to_string(),
+                reason: reason.to_string(),
+            });
+        }
+    }
+
     /// The series of the records in the state directory, at 0.
     pub fn init_records(&self) {
         for record in known::RECORDS {
@@ -264,6 +294,7 @@ impl Default for Metrics {
             sync_duration: Histogram::new(buckets),
             watch_restarts: Family::default(),
             state_errors: Family::default(),
+            review_errors: Family::default(),
         }
     }
 }
@@ -415,6 +446,11 @@ pub fn registry(
         "kubelet_ca_state_errors",
         "Failed writes of the records in the state directory (history, retention, managed_files); each is retried",
         m.state_errors.clone(),
+    );
+    registry.register(
+        "kubelet_ca_review_errors",
+        "TokenReviews and SubjectAccessReviews of the endpoint that could not be made, by reason (circuit_open: turned away while the API server was taken for unreachable)",
+        m.review_errors.clone(),
     );
     let build = BuildLabels {
         version: env!("CARGO_PKG_VERSION").to_string(),

@@ -16,6 +16,7 @@
 //! watcher and the reconciliation loop: nothing a client does there holds them.
 
 pub mod auth;
+pub mod breaker;
 pub mod endpoint;
 pub mod identity;
 pub mod render;

@@ -14,8 +14,8 @@ use std::time::Duration;
 use time::Duration as Span;
 
 use common::Node;
-use common::apiserver::{API_AUDIENCE, ApiServer, Subject};
-use common::daemon::{Agent, wait_until};
+use common::apiserver::{API_AUDIENCE, ApiServer, HangMode, Subject};
+use common::daemon::{Agent, eventually, samples, wait_until};
 use common::pki::{Algorithm, Signer};
 use common::prometheus::Prometheus;
 
@@ -126,6 +126,52 @@ impl Endpoint {
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
         (code.parse().unwrap_or(0), body.to_string())
     }
+
+    /// GET `/metrics` with a client certificate or a bearer token, given up after `limit`:
+    /// what came back, with its `Retry-After`, and how long it took.
+    fn scrape(
+        &self,
+        agent: &Agent,
+        client: Option<&Client>,
+        token: Option<&str>,
+        limit: Duration,
+    ) -> Scrape {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "--max-time", &limit.as_secs().to_string()])
+            .args(["-w", "\n%{http_code} %header{retry-after}", "--cacert"])
+            .arg(&self.serving_ca)
+            .arg(format!("https://localhost:{}/metrics", agent.port));
+        if let Some(client) = client {
+            cmd.arg("--cert")
+                .arg(&client.cert)
+                .arg("--key")
+                .arg(&client.key);
+        }
+        if let Some(token) = token {
+            cmd.arg("-H").arg(format!("Authorization: Bearer {token}"));
+        }
+        let started = std::time::Instant::now();
+        let out = cmd.output().expect("curl is installed");
+        let took = started.elapsed();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        let (code, retry_after) = status.split_once(' ').unwrap_or((status, ""));
+        Scrape {
+            code: code.parse().unwrap_or(0),
+            body: body.to_string(),
+            retry_after: Some(retry_after.trim().to_string()).filter(|r| !r.is_empty()),
+            took,
+        }
+    }
+}
+
+/// One scrape's answer (code 0: none came).
+#[derive(Debug)]
+struct Scrape {
+    code: u16,
+    body: String,
+    retry_after: Option<String>,
+    took: Duration,
 }
 
 #[test]
@@ -688,10 +734,14 @@ fn a_token_that_cannot_be_reviewed_is_refused_and_says_why() {
     api.restrict_to(vec![]);
     let token = api.issue_token(PROMETHEUS_SA, &[]);
     let (code, body) = endpoint.get_bearer(&agent, "/metrics", &token);
-    assert_eq!(code, 401, "{body}");
-    // The client learns that the token could not be checked; the API server's words
-    // (what the agent's own identity may not do) go to the log alone.
-    assert!(body.contains("could not be checked"), "{body}");
+    // Not a 401: nothing judged the token.
+    assert_eq!(code, 503, "{body}");
+    // The client learns that the token was not checked, and why in a few words; the API
+    // server's words (what the agent's own identity may not do) go to the log alone.
+    assert!(
+        body.contains("not checked: the API server refused the agent's review"),
+        "{body}"
+    );
     assert!(
         !body.contains("tokenreviews"),
         "relays the API server's error: {body}"
@@ -708,8 +758,318 @@ fn a_token_that_cannot_be_reviewed_is_refused_and_says_why() {
     assert_eq!(endpoint.get(&agent, "/metrics", Some(&client)).0, 200);
     let other = api.issue_token(PROMETHEUS_SA, &[]);
     let (code, body) = endpoint.get_bearer(&agent, "/metrics", &other);
-    assert_eq!(code, 401, "{body}");
+    assert_eq!(code, 503, "{body}");
     assert!(!agent.log().contains(&other), "{}", agent.log());
+}
+
+/// How long the agent gives a review before it has failed (`REVIEW_DEADLINE`).
+const REVIEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// `kubelet_ca_review_errors_total` of `review` (`token`, `access`) in a `/metrics` body,
+/// by reason.
+fn review_errors(metrics: &str, review: &str) -> std::collections::BTreeMap<String, f64> {
+    samples(metrics, "kubelet_ca_review_errors_total")
+        .into_iter()
+        .filter(|s| s.has(&[("review", review)]))
+        .map(|s| (s.label("reason").unwrap_or_default().to_string(), s.value))
+        .collect()
+}
+
+/// Fails the test with every problem found, so that a run shows them all at once.
+fn assert_none(problems: &[String], log: &str) {
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n- {}\n--- agent log ---\n{log}",
+        problems.len(),
+        problems.join("\n- ")
+    );
+}
+
+/// Issue 24: the API server goes away. A bearer token then cannot be checked: that is a
+/// 503 at once (the client's credentials were not judged), counted, not a 401 and not a
+/// wait; a client certificate under the allow-list needs no review and keeps working; and
+/// once the server is back, a token turned away meanwhile works within seconds (it was not
+/// remembered as failed).
+#[test]
+fn a_token_review_against_a_stopped_api_server_fails_fast_with_503_and_certificates_still_work() {
+    let Webhooks {
+        api,
+        node,
+        scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&[
+        "--authentication-token-webhook",
+        "--authorized-users",
+        PROMETHEUS_SA,
+    ]);
+    let client = Client::new(
+        node.root(),
+        "prometheus",
+        scrapers.issue_client_with(PROMETHEUS_SA, &[], Span::hours(-1), Span::days(1)),
+    );
+    let works = api.issue_token(PROMETHEUS_SA, &[]);
+    assert_eq!(
+        endpoint.get_bearer(&agent, "/metrics", &works).0,
+        200,
+        "reviews work at first"
+    );
+    // Tokens never reviewed: nothing is remembered of them.
+    let later = api.issue_token(PROMETHEUS_SA, &[]);
+    let others: Vec<String> = (0..5)
+        .map(|_| api.issue_token(PROMETHEUS_SA, &[]))
+        .collect();
+    api.stop();
+
+    let mut problems = Vec::new();
+    let mut turned_away = 0;
+    let mut took = Vec::new();
+    for token in std::iter::once(&later).chain(&others) {
+        let answer = endpoint.scrape(&agent, None, Some(token), 3 * REVIEW_DEADLINE);
+        took.push(answer.took);
+        if answer.code == 503 {
+            turned_away += 1;
+        } else {
+            problems.push(format!(
+                "a token that cannot be checked: {answer:?}, not 503"
+            ));
+        }
+        if answer.code == 503 && answer.retry_after.is_none() {
+            problems.push(format!("a 503 without Retry-After: {answer:?}"));
+        }
+        if !answer.body.contains("not checked") {
+            problems.push(format!(
+                "the body does not say the token was not checked: {answer:?}"
+            ));
+        }
+        if answer.body.contains(token.as_str()) {
+            problems.push("the body shows the token".to_string());
+        }
+    }
+    let slowest = took.iter().max().copied().unwrap_or_default();
+    eprintln!("API server stopped: 6 token scrapes took {took:?}");
+    // Loosely: not one waited out the review deadline.
+    if slowest >= REVIEW_DEADLINE / 2 {
+        problems.push(format!(
+            "a token scrape took {slowest:?} while the API server is down (the review deadline is {REVIEW_DEADLINE:?})"
+        ));
+    }
+
+    // A client certificate under the allow-list waits on no review.
+    let certificate = endpoint.scrape(&agent, Some(&client), None, 3 * REVIEW_DEADLINE);
+    eprintln!(
+        "client certificate while the API server is down: {} in {:?}",
+        certificate.code, certificate.took
+    );
+    if certificate.code != 200 {
+        problems.push(format!("a client certificate scrape: {certificate:?}"));
+    }
+    let errors = review_errors(&certificate.body, "token");
+    eprintln!("kubelet_ca_review_errors_total{{review=\"token\"}}: {errors:?}");
+    if errors.get("unreachable").copied().unwrap_or(0.0) < 1.0 {
+        problems.push(format!(
+            "no review counted with reason=\"unreachable\": {errors:?}"
+        ));
+    }
+    let counted: f64 = errors.values().sum();
+    if counted < f64::from(turned_away) {
+        problems.push(format!(
+            "{turned_away} scrapes turned away, {counted} review errors counted: {errors:?}"
+        ));
+    }
+
+    // Back: a token turned away a moment ago works again within seconds.
+    api.restart();
+    let started = std::time::Instant::now();
+    let mut last = (0, String::new());
+    let back = eventually(5 * SECOND, || {
+        last = endpoint.get_bearer(&agent, "/metrics", &later);
+        last.0 == 200
+    });
+    eprintln!(
+        "API server restarted: the token answered {} after {:?}",
+        last.0,
+        started.elapsed()
+    );
+    if !back {
+        problems.push(format!(
+            "the token is still refused 5 s after the API server came back: {} {}",
+            last.0, last.1
+        ));
+    }
+    assert_none(&problems, &agent.log());
+}
+
+/// Issue 24: the API server hangs (accepts, reads, never answers). The first review waits
+/// its deadline at most; while it waits, a client certificate is answered; once it has
+/// failed, the next tokens are turned away at once rather than each waiting the deadline
+/// out; and once the server answers again, tokens work within seconds.
+#[test]
+fn against_a_hung_api_server_the_first_review_waits_its_deadline_and_the_next_fail_at_once() {
+    let Webhooks {
+        api,
+        node,
+        scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&[
+        "--authentication-token-webhook",
+        "--authorized-users",
+        PROMETHEUS_SA,
+    ]);
+    let client = Client::new(
+        node.root(),
+        "prometheus",
+        scrapers.issue_client_with(PROMETHEUS_SA, &[], Span::hours(-1), Span::days(1)),
+    );
+    let works = api.issue_token(PROMETHEUS_SA, &[]);
+    assert_eq!(
+        endpoint.get_bearer(&agent, "/metrics", &works).0,
+        200,
+        "reviews work at first"
+    );
+    let tokens: Vec<String> = (0..3)
+        .map(|_| api.issue_token(PROMETHEUS_SA, &[]))
+        .collect();
+    api.hang(HangMode::All);
+
+    let mut problems = Vec::new();
+    let (first, certificate, certificate_while_waiting) = std::thread::scope(|scope| {
+        let waiting =
+            scope.spawn(|| endpoint.scrape(&agent, None, Some(&tokens[0]), 3 * REVIEW_DEADLINE));
+        // The review is under way (held by the server) before the certificate comes.
+        std::thread::sleep(SECOND);
+        let certificate = endpoint.scrape(&agent, Some(&client), None, 3 * REVIEW_DEADLINE);
+        let while_waiting = !waiting.is_finished();
+        (waiting.join().unwrap(), certificate, while_waiting)
+    });
+    eprintln!(
+        "API server hung: the first token scrape answered {} after {:?}; a client certificate {} in {:?}",
+        first.code, first.took, certificate.code, certificate.took
+    );
+    if first.code != 503 {
+        problems.push(format!("the first token scrape: {first:?}, not 503"));
+    }
+    // At most the deadline, and the refusal's pause, with room for a slow machine.
+    if first.took > REVIEW_DEADLINE + 4 * SECOND {
+        problems.push(format!(
+            "the first review waited {:?}, past its deadline",
+            first.took
+        ));
+    }
+    if certificate.code != 200 || !certificate_while_waiting {
+        problems.push(format!(
+            "a client certificate scrape was not answered while a review hung (answered before it: {certificate_while_waiting}): {certificate:?}"
+        ));
+    }
+    for token in &tokens[1..] {
+        let next = endpoint.scrape(&agent, None, Some(token), 3 * REVIEW_DEADLINE);
+        eprintln!("the next token scrape: {} after {:?}", next.code, next.took);
+        if next.code != 503 || next.retry_after.is_none() {
+            problems.push(format!(
+                "a later token scrape: {next:?}, not 503 with Retry-After"
+            ));
+        }
+        // Loosely: it did not wait the deadline out as the first did.
+        if next.took >= REVIEW_DEADLINE / 2 {
+            problems.push(format!(
+                "a later token scrape waited {:?} on the hung server",
+                next.took
+            ));
+        }
+    }
+    let (code, metrics) = endpoint.get(&agent, "/metrics", Some(&client));
+    let errors = review_errors(&metrics, "token");
+    eprintln!("kubelet_ca_review_errors_total{{review=\"token\"}}: {errors:?}");
+    if code != 200 || errors.get("no_answer").copied().unwrap_or(0.0) < 1.0 {
+        problems.push(format!(
+            "the hung review is not counted with reason=\"no_answer\": {code} {errors:?}"
+        ));
+    }
+
+    api.unhang();
+    let started = std::time::Instant::now();
+    let mut last = (0, String::new());
+    let back = eventually(5 * SECOND, || {
+        last = endpoint.get_bearer(&agent, "/metrics", &tokens[2]);
+        last.0 == 200
+    });
+    eprintln!(
+        "API server answers again: the token answered {} after {:?}",
+        last.0,
+        started.elapsed()
+    );
+    if !back {
+        problems.push(format!(
+            "a token is still refused 5 s after the API server answered again: {} {}",
+            last.0, last.1
+        ));
+    }
+    assert_none(&problems, &agent.log());
+}
+
+/// Issue 24, for SubjectAccessReviews: an identity whose access cannot be reviewed gets a
+/// 503 at once, counted, and is allowed within seconds of the API server's return.
+#[test]
+fn a_subject_access_review_against_a_stopped_api_server_fails_fast_and_is_counted() {
+    let Webhooks {
+        api,
+        node,
+        scrapers,
+        endpoint,
+        agent,
+    } = with_webhooks(&["--authorization-webhook"]);
+    api.grant(
+        Subject::Group("system:monitoring".into()),
+        &["get"],
+        &["/metrics"],
+    );
+    let year = Span::days(365);
+    let client = |name: &str| {
+        Client::new(
+            node.root(),
+            name,
+            scrapers.issue_client_with(name, &["system:monitoring"], Span::hours(-1), year),
+        )
+    };
+    // Allowed before: remembered for 5 minutes, so it can read the counters later.
+    let reader = client("grafana");
+    assert_eq!(endpoint.get(&agent, "/metrics", Some(&reader)).0, 200);
+    let newcomer = client("newcomer");
+    api.stop();
+
+    let mut problems = Vec::new();
+    let answer = endpoint.scrape(&agent, Some(&newcomer), None, 3 * REVIEW_DEADLINE);
+    eprintln!(
+        "API server stopped: an identity never reviewed answered {} after {:?}",
+        answer.code, answer.took
+    );
+    if answer.code != 503 || answer.retry_after.is_none() || answer.took >= REVIEW_DEADLINE / 2 {
+        problems.push(format!(
+            "an access that cannot be reviewed: {answer:?}, not a quick 503 with Retry-After"
+        ));
+    }
+    let (code, metrics) = endpoint.get(&agent, "/metrics", Some(&reader));
+    let errors = review_errors(&metrics, "access");
+    eprintln!("kubelet_ca_review_errors_total{{review=\"access\"}}: {errors:?}");
+    if code != 200 || errors.get("unreachable").copied().unwrap_or(0.0) < 1.0 {
+        problems.push(format!(
+            "the SubjectAccessReview is not counted with reason=\"unreachable\": {code} {errors:?}"
+        ));
+    }
+
+    api.restart();
+    let mut last = (0, String::new());
+    if !eventually(5 * SECOND, || {
+        last = endpoint.get(&agent, "/metrics", Some(&newcomer));
+        last.0 == 200
+    }) {
+        problems.push(format!(
+            "the identity is still refused 5 s after the API server came back: {} {}",
+            last.0, last.1
+        ));
+    }
+    assert_none(&problems, &agent.log());
 }
 
 /// The TLS version `openssl s_client` agreed with the server when limited to `version`

@@ -1150,18 +1150,19 @@ fn anonymous_clients_see_which_checks_failed_but_not_why() {
     if !leaked.is_empty() {
         problems.push(format!("the anonymous page shows {leaked:?}:\n{page}"));
     }
+    // A 503: the token was not judged (issue 24).
     match &token {
-        Some(r) if r.code == 401 => {
+        Some(r) if r.code == 503 => {
             let leaked = shown(&r.body, &[AGENT_USER, "forbidden", "tokenreviews"]);
             if !leaked.is_empty() {
                 problems.push(format!(
-                    "the 401 for a token that could not be checked shows {leaked:?}: {:?}",
+                    "the 503 for a token that could not be checked shows {leaked:?}: {:?}",
                     r.body
                 ));
             }
         }
         other => problems.push(format!(
-            "a token that cannot be checked: {other:?}, not 401"
+            "a token that cannot be checked: {other:?}, not 503"
         )),
     }
     // The detail is not lost: it goes to the log.

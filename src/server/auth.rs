@@ -6,15 +6,20 @@
 //!
 //! As the API server's union authenticator does, a valid client certificate wins; a request
 //! whose certificate proves nothing may still authenticate with a token.
+//!
+//! A review that could not be made judged nothing: the client gets 503 with when to try
+//! again, never a 401 or a 403 that would blame its credentials.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode, header};
 
+use super::breaker;
 use super::identity::Identity;
 use super::repeated::Repeated;
-use super::review::{self, AccessVerdict, Shed, TokenVerdict};
+use super::review::{self, AccessVerdict, Failure, Shed, TokenVerdict};
 use super::tls::{PeerChain, Tls};
 
 /// How an authenticated identity is authorized for `/metrics`.
@@ -55,7 +60,8 @@ pub struct Guard {
 pub struct Refusal {
     pub code: StatusCode,
     pub why: String,
-    /// Seconds for a `Retry-After` header, when the request was shed under load.
+    /// Seconds for a `Retry-After` header, when the request was shed under load or a
+    /// review could not be made.
     pub retry_after: Option<u64>,
 }
 
@@ -67,29 +73,59 @@ fn refusal(code: StatusCode, why: impl Into<String>) -> Refusal {
     }
 }
 
-/// A request turned away because the reviews it needs cannot start now.
-fn shed(shed: Shed) -> Refusal {
-    let (code, why) = match shed {
+/// A request turned away because the review it needs (of `what`: "the bearer token",
+/// "whether ... may get ...") cannot start now.
+fn shed(shed: Shed, what: &str) -> Refusal {
+    let (code, why, retry_after) = match shed {
         Shed::Busy => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "too many reviews are in flight to the API server; try again",
+            "too many reviews are in flight to the API server; try again".to_string(),
+            1,
         ),
         Shed::RateLimited => (
             StatusCode::TOO_MANY_REQUESTS,
-            "too many new reviews in a short time; try again",
+            "too many new reviews in a short time; try again".to_string(),
+            1,
         ),
+        Shed::Unreachable(after) => {
+            let seconds = seconds(after);
+            let why = format!(
+                "{what} was not checked: {}; try again in {seconds}s",
+                review::Reason::CircuitOpen.told()
+            );
+            (StatusCode::SERVICE_UNAVAILABLE, why, seconds)
+        }
     };
     Refusal {
         code,
-        why: why.to_string(),
-        retry_after: Some(1),
+        why,
+        retry_after: Some(retry_after),
     }
+}
+
+/// A request whose review (of `what`) could not be made: 503, since nothing was judged.
+/// The client learns why in a few words; the detail (the API server's own) is logged.
+fn not_checked(what: &str, failure: &Failure) -> Refusal {
+    Refusal {
+        code: StatusCode::SERVICE_UNAVAILABLE,
+        why: format!(
+            "{what} was not checked: {}; try again later",
+            failure.reason.told()
+        ),
+        retry_after: Some(seconds(breaker::PAUSE)),
+    }
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1.
+fn seconds(after: Duration) -> u64 {
+    let whole = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    whole.max(1)
 }
 
 impl Guard {
     /// Lets the request through to `path` (its identity, or None when insecure), or says
     /// why not: 401 for who, 403 for may not, 503 when the API server could not be asked
-    /// whether it may.
+    /// who or whether it may (or 429 or 503 when the review was shed).
     pub async fn admit(
         &self,
         peer: &PeerChain,
@@ -122,7 +158,13 @@ impl Guard {
         let token = bearer(headers);
         match (token, &self.tokens) {
             (Some(token), Some(tokens)) => match tokens.authenticate(token).await {
-                Err(shedding) => Err(shed(shedding)),
+                Err(shedding) => {
+                    if let Shed::Unreachable(_) = shedding {
+                        self.review_failures
+                            .failed("cannot check bearer tokens: the API server could not be reached moments ago");
+                    }
+                    Err(shed(shedding, "the bearer token"))
+                }
                 Ok(TokenVerdict::Authenticated(identity)) => {
                     self.review_failures.succeeded();
                     Ok(identity)
@@ -134,15 +176,12 @@ impl Guard {
                         "the bearer token was not accepted",
                     ))
                 }
-                Ok(TokenVerdict::Failed(why)) => {
+                Ok(TokenVerdict::Failed(failure)) => {
                     // The detail (the API server's words) goes to the log, once per spell
-                    // of failures; the client learns only that it could not be checked.
+                    // of failures; the client learns only why in a few words.
                     self.review_failures
-                        .failed(&format!("cannot check bearer tokens: {why}"));
-                    Err(refusal(
-                        StatusCode::UNAUTHORIZED,
-                        "the bearer token could not be checked (the API server could not be asked); try again later",
-                    ))
+                        .failed(&format!("cannot check bearer tokens: {}", failure.detail));
+                    Err(not_checked("the bearer token", &failure))
                 }
             },
             (Some(_), None) if certificate_failed.is_none() => Err(refusal(
@@ -187,7 +226,13 @@ impl Guard {
             Authorization::AllowList { .. } => Err(not_allowed("")),
             Authorization::AnyAuthenticated => Ok(()),
             Authorization::Webhook(access) => match access.review(identity, path).await {
-                Err(shedding) => Err(shed(shedding)),
+                Err(shedding) => {
+                    if let Shed::Unreachable(_) = shedding {
+                        self.review_failures
+                            .failed("cannot authorize requests: the API server could not be reached moments ago");
+                    }
+                    Err(shed(shedding, &may(identity, path)))
+                }
                 Ok(AccessVerdict::Allowed) => {
                     self.review_failures.succeeded();
                     Ok(())
@@ -196,20 +241,19 @@ impl Guard {
                     self.review_failures.succeeded();
                     Err(not_allowed(&reason))
                 }
-                Ok(AccessVerdict::Failed(why)) => {
+                Ok(AccessVerdict::Failed(failure)) => {
                     self.review_failures
-                        .failed(&format!("cannot authorize requests: {why}"));
-                    Err(refusal(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "cannot tell whether user {:?} may get {path} (the API server could not be asked); try again later",
-                            identity.user
-                        ),
-                    ))
+                        .failed(&format!("cannot authorize requests: {}", failure.detail));
+                    Err(not_checked(&may(identity, path), &failure))
                 }
             },
         }
     }
+}
+
+/// What a SubjectAccessReview asks, for the client: "whether user "U" may get PATH".
+fn may(identity: &Identity, path: &str) -> String {
+    format!("whether user {:?} may get {path}", identity.user)
 }
 
 /// The bearer token of an `Authorization: Bearer TOKEN` header, read as the API server
@@ -253,6 +297,38 @@ mod tests {
             !allows(&identity("system:monitoring", &[])),
             "a user is not a group"
         );
+    }
+
+    #[test]
+    fn a_review_that_could_not_be_made_is_a_503_that_says_why_in_a_few_words() {
+        let failure = Failure {
+            reason: review::Reason::Unreachable,
+            detail: "https://10.0.0.1:6443: connection refused".into(),
+        };
+        let refusal = not_checked("the bearer token", &failure);
+        assert_eq!(refusal.code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refusal.retry_after, Some(2));
+        assert_eq!(
+            refusal.why,
+            "the bearer token was not checked: the API server could not be reached; try again later"
+        );
+        // Turned away by the breaker: when to try again, rounded up.
+        let refusal = shed(
+            Shed::Unreachable(Duration::from_millis(1500)),
+            "whether user \"u\" may get /metrics",
+        );
+        assert_eq!(refusal.code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refusal.retry_after, Some(2));
+        assert!(
+            refusal
+                .why
+                .starts_with("whether user \"u\" may get /metrics was not checked"),
+            "{}",
+            refusal.why
+        );
+        assert_eq!(seconds(Duration::ZERO), 1);
+        assert_eq!(seconds(Duration::from_millis(1)), 1);
+        assert_eq!(seconds(Duration::from_secs(2)), 2);
     }
 
     #[test]

@@ -43,7 +43,7 @@ impl Endpoint {
         liveness: Liveness,
     ) -> anyhow::Result<Endpoint> {
         check_listen(server)?;
-        let (tls, guard) = guard(server, bundle, credentials)?;
+        let (tls, guard) = guard(server, bundle, credentials, &metrics)?;
         let listener = bind(server.listen)?;
         let registry = metrics::registry(
             metrics,
@@ -137,11 +137,12 @@ pub fn check_listen(server: &ServerArgs) -> Result<(), UsageError> {
 ///
 /// `credentials` give the client that talks to the API server for the webhooks; they are
 /// needed (and only followed) when `--authentication-token-webhook` or
-/// `--authorization-webhook` is given.
+/// `--authorization-webhook` is given. `metrics` count the reviews that could not be made.
 fn guard(
     server: &ServerArgs,
     bundle: Option<&Path>,
     credentials: Option<&Credentials>,
+    metrics: &Arc<Metrics>,
 ) -> Result<(Option<Arc<Tls>>, Arc<Guard>), UsageError> {
     let loopback = server.listen.ip().is_loopback();
     let serving = server
@@ -185,7 +186,7 @@ fn guard(
             UsageError("the webhooks need a Kubernetes client (--kubeconfig)".to_string())
         })
     };
-    // One bound on the reviews in flight and their rate, for both kinds.
+    // One bound on the reviews in flight and their rate, and one breaker, for both kinds.
     let limiter = Arc::new(review::Limiter::default());
     let tokens = if server.authentication_token_webhook {
         Some(review::Tokens::new(
@@ -198,6 +199,7 @@ fn guard(
                 .cloned()
                 .collect(),
             server.authentication_token_webhook_cache_ttl,
+            metrics.clone(),
         ))
     } else {
         None
@@ -221,6 +223,7 @@ fn guard(
             webhook_client()?,
             server.authorization_webhook_cache_authorized_ttl,
             server.authorization_webhook_cache_unauthorized_ttl,
+            metrics.clone(),
         ))
     } else {
         if !server.insecure_metrics && !authenticated.is_empty() {

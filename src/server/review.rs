@@ -1,8 +1,11 @@
 //! Questions for the API server: who holds this bearer token (a TokenReview), and may this
 //! identity get this path (a SubjectAccessReview). Each distinct question is asked once
 //! however many requests ask it at the same time, and its answer is remembered for the
-//! cache TTLs of the kubelet's flags; a rejection or a failed review is remembered briefly
-//! too, so that a flood of requests cannot become a flood of API calls.
+//! cache TTLs of the kubelet's flags; a rejection, or a review the API server answered with
+//! an error, is remembered briefly too, so that a flood of requests cannot become a flood of
+//! API calls. A review that found the API server unreachable or silent is not remembered:
+//! the [`breaker`](super::breaker) turns new questions away at once meanwhile, and lets one
+//! through every couple of seconds to find out when the server is back.
 //!
 //! Tokens are never kept: the cache knows a token by its SHA-256, and no token, nor any part
 //! of one, reaches a log line, a metric or an answer.
@@ -21,11 +24,15 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::breaker::{Breaker, Heard, Ticket};
 use super::identity::Identity;
 use crate::credentials::Credentials;
+use crate::metrics::{Metrics, ReviewLabels};
 use crate::text::escape;
 
-/// How long a rejected token, or a review that could not be made, is remembered.
+/// How long a rejected token, or a review the API server answered with an error (or that
+/// could not be made for want of credentials), is remembered. A review that found the API
+/// server unreachable or silent is not: the breaker answers for the server meanwhile.
 pub const FAILED_REVIEW_TTL: Duration = Duration::from_secs(10);
 /// A review not answered within this has failed (the kube client sets no read timeout of
 /// its own, and a scraper gives up after about 10 s anyway).
@@ -56,11 +63,16 @@ pub enum Shed {
     Busy,
     /// More new reviews than [`REVIEWS_PER_SECOND`] allows (answered 429).
     RateLimited,
+    /// A recent review found the API server unreachable or silent, and the breaker turns
+    /// new questions away for a while (answered 503); the client may try again after this.
+    Unreachable(Duration),
 }
 
-/// What every review must get through before it is asked: a place among those in flight,
-/// and a token of the rate limit. One for the endpoint, shared by both kinds of review.
+/// What every review must get through before it is asked: the breaker (the API server is
+/// not known to be unreachable), a place among those in flight, and a token of the rate
+/// limit. One for the endpoint, shared by both kinds of review (they ask one API server).
 pub struct Limiter {
+    breaker: Arc<Breaker>,
     in_flight: Arc<tokio::sync::Semaphore>,
     per_second: f64,
     burst: f64,
@@ -77,6 +89,7 @@ impl Default for Limiter {
 impl Limiter {
     pub fn new(in_flight: usize, per_second: f64, burst: f64) -> Limiter {
         Limiter {
+            breaker: Arc::default(),
             in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight)),
             per_second,
             burst,
@@ -84,8 +97,11 @@ impl Limiter {
         }
     }
 
-    /// A place for one more review, or why not.
-    fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Shed> {
+    /// A place for one more review, or why not. The breaker is asked first, so that a
+    /// question turned away for an unreachable server costs no token of the rate limit; a
+    /// probe's ticket shed after all is dropped untold, and the next question probes.
+    fn admit(&self) -> Result<Pass, Shed> {
+        let ticket = self.breaker.admit().map_err(Shed::Unreachable)?;
         let permit = self
             .in_flight
             .clone()
@@ -101,8 +117,29 @@ impl Limiter {
             return Err(Shed::RateLimited);
         }
         *bucket = (tokens - 1.0, now);
-        Ok(permit)
+        Ok(Pass {
+            _permit: permit,
+            ticket,
+        })
     }
+}
+
+/// Leave to ask one review: its place among those in flight, held until it is done, and the
+/// breaker's ticket, told what the review heard of the API server.
+struct Pass {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    ticket: Ticket,
+}
+
+impl Pass {
+    fn done(self, heard: Heard) {
+        self.ticket.tell(heard);
+    }
+}
+
+/// An answer to a review, as the breaker reads it: did the API server answer?
+pub trait Answer: Clone + Send + Sync + 'static {
+    fn heard(&self) -> Heard;
 }
 
 /// Answers remembered for a while, with concurrent askers of one question sharing one
@@ -125,7 +162,7 @@ impl<V> Default for Answers<V> {
     }
 }
 
-impl<V: Clone + Send + Sync + 'static> Answers<V> {
+impl<V: Answer> Answers<V> {
     /// The answer to the question `key`: remembered, or being asked, or asked now with
     /// `ask` if `limiter` lets one more review start, then remembered for `ttl(&answer)`
     /// (zero: not remembered).
@@ -149,7 +186,7 @@ impl<V: Clone + Send + Sync + 'static> Answers<V> {
                 Some(Slot::Known { answer, until }) if *until > now => return Ok(answer.clone()),
                 Some(Slot::Asking(answer)) => answer.clone(),
                 _ => {
-                    let permit = limiter.admit()?;
+                    let pass = limiter.admit()?;
                     if slots.len() >= MAX_ANSWERS {
                         forget_some(&mut slots, now);
                     }
@@ -159,7 +196,7 @@ impl<V: Clone + Send + Sync + 'static> Answers<V> {
                     let answers = self.clone();
                     tokio::spawn(async move {
                         let answer = asking.await;
-                        drop(permit);
+                        pass.done(answer.heard());
                         let ttl = ttl(&answer);
                         {
                             let mut slots =
@@ -220,6 +257,99 @@ fn forget_some<V>(slots: &mut HashMap<[u8; 32], Slot<V>>, now: Instant) {
     }
 }
 
+/// Why a review could not be made: the `reason` label of
+/// `kubelet_ca_review_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The API server could not be reached: refused, reset, no route, a failed lookup.
+    Unreachable,
+    /// The TLS handshake with the API server failed (an unknown authority, most often).
+    Tls,
+    /// The API server did not answer within [`REVIEW_DEADLINE`] (hung), or the review was
+    /// lost.
+    NoAnswer,
+    /// The API server did not accept the agent's own credentials (401).
+    Unauthorized,
+    /// The agent's own identity may not create the review (403: RBAC).
+    Forbidden,
+    /// Any other error status from the API server (or a proxy in front of it).
+    ApiError,
+    /// The agent has no usable credentials for the API server.
+    Credentials,
+    /// Not asked: a recent review found the API server unreachable or silent, and the
+    /// breaker turns new questions away for a while.
+    CircuitOpen,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 8] = [
+        Reason::Unreachable,
+        Reason::Tls,
+        Reason::NoAnswer,
+        Reason::Unauthorized,
+        Reason::Forbidden,
+        Reason::ApiError,
+        Reason::Credentials,
+        Reason::CircuitOpen,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Unreachable => "unreachable",
+            Reason::Tls => "tls",
+            Reason::NoAnswer => "no_answer",
+            Reason::Unauthorized => "unauthorized",
+            Reason::Forbidden => "forbidden",
+            Reason::ApiError => "api_error",
+            Reason::Credentials => "credentials",
+            Reason::CircuitOpen => "circuit_open",
+        }
+    }
+
+    /// What a review that failed so heard of the API server.
+    pub fn heard(self) -> Heard {
+        match self {
+            Reason::Unreachable | Reason::Tls | Reason::NoAnswer => Heard::Unanswered,
+            Reason::Unauthorized | Reason::Forbidden | Reason::ApiError => Heard::Answered,
+            Reason::Credentials | Reason::CircuitOpen => Heard::Nothing,
+        }
+    }
+
+    /// Why, in words for the client: no address, no API error text, no token.
+    pub fn told(self) -> &'static str {
+        match self {
+            Reason::Unreachable => "the API server could not be reached",
+            Reason::Tls => "the TLS handshake with the API server failed",
+            Reason::NoAnswer => "the API server did not answer in time",
+            Reason::Unauthorized | Reason::Forbidden => "the API server refused the agent's review",
+            Reason::ApiError => "the API server answered the review with an error",
+            Reason::Credentials => "the agent has no usable credentials for the API server",
+            Reason::CircuitOpen => "the API server could not be reached moments ago",
+        }
+    }
+}
+
+/// A review that could not be made: why, and the detail for the log (one escaped line,
+/// the API server's words included, never a token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: Reason,
+    pub detail: String,
+}
+
+impl Failure {
+    /// How long the failure stands for the question's answer: not at all when the API
+    /// server could not be reached or did not answer (the breaker turns questions away
+    /// meanwhile, and a server that is back is asked again at once), else
+    /// [`FAILED_REVIEW_TTL`].
+    fn remembered_for(&self) -> Duration {
+        match self.reason.heard() {
+            Heard::Unanswered => Duration::ZERO,
+            Heard::Answered | Heard::Nothing => FAILED_REVIEW_TTL,
+        }
+    }
+}
+
 /// What a TokenReview says of a bearer token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenVerdict {
@@ -227,7 +357,56 @@ pub enum TokenVerdict {
     /// The API server does not accept the token (or not for our audiences).
     Rejected,
     /// The review could not be made (the API server unreachable, slow, or refusing us).
-    Failed(String),
+    Failed(Failure),
+}
+
+impl Answer for TokenVerdict {
+    fn heard(&self) -> Heard {
+        match self {
+            TokenVerdict::Failed(failure) => failure.reason.heard(),
+            TokenVerdict::Authenticated(_) | TokenVerdict::Rejected => Heard::Answered,
+        }
+    }
+}
+
+/// Counts the reviews of one kind (`token`, `access`) that could not be made.
+#[derive(Clone)]
+struct Errors {
+    metrics: Arc<Metrics>,
+    review: &'static str,
+}
+
+impl Errors {
+    /// Every reason's series, at 0.
+    fn new(metrics: Arc<Metrics>, review: &'static str) -> Errors {
+        metrics.init_reviews(review);
+        Errors { metrics, review }
+    }
+
+    fn count(&self, reason: Reason) {
+        self.metrics
+            .review_errors
+            .get_or_create(&ReviewLabels {
+                review: self.review.to_string(),
+                reason: reason.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// A review's failure, counted on its way.
+    fn counted(&self, failure: Failure) -> Failure {
+        self.count(failure.reason);
+        failure
+    }
+
+    /// A question turned away by the breaker is counted too; a shed one is not (the
+    /// client's load, not the API server's state).
+    fn turned_away<V>(&self, asked: Result<V, Shed>) -> Result<V, Shed> {
+        if let Err(Shed::Unreachable(_)) = asked {
+            self.count(Reason::CircuitOpen);
+        }
+        asked
+    }
 }
 
 /// Bearer tokens, checked with a TokenReview (`--authentication-token-webhook`).
@@ -237,6 +416,7 @@ pub struct Tokens {
     audiences: Vec<String>,
     ttl: Duration,
     answers: Arc<Answers<TokenVerdict>>,
+    errors: Errors,
 }
 
 impl Tokens {
@@ -245,6 +425,7 @@ impl Tokens {
         credentials: Credentials,
         audiences: Vec<String>,
         ttl: Duration,
+        metrics: Arc<Metrics>,
     ) -> Tokens {
         Tokens {
             limiter,
@@ -252,15 +433,17 @@ impl Tokens {
             audiences,
             ttl,
             answers: Arc::default(),
+            errors: Errors::new(metrics, "token"),
         }
     }
 
     pub async fn authenticate(&self, token: &str) -> Result<TokenVerdict, Shed> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let (credentials, audiences, token) = (
+        let (credentials, audiences, token, errors) = (
             self.credentials.clone(),
             self.audiences.clone(),
             token.to_string(),
+            self.errors.clone(),
         );
         let ttl = self.ttl;
         let ask = move || async move {
@@ -268,9 +451,12 @@ impl Tokens {
             let client = match credentials.client_once_read(FIRST_READ_WAIT).await {
                 Ok(client) => client,
                 Err(why) => {
-                    return TokenVerdict::Failed(format!(
-                        "the TokenReview cannot be made: no usable credentials for the API server: {why}"
-                    ));
+                    return TokenVerdict::Failed(errors.counted(Failure {
+                        reason: Reason::Credentials,
+                        detail: format!(
+                            "the TokenReview cannot be made: no usable credentials for the API server: {why}"
+                        ),
+                    }));
                 }
             };
             let review = TokenReview {
@@ -283,16 +469,22 @@ impl Tokens {
             let api: Api<TokenReview> = Api::all(client);
             match ask_within(&credentials, api.create(&PostParams::default(), &review)).await {
                 Ok(answer) => token_verdict(answer.status.unwrap_or_default(), &audiences),
-                Err(why) => TokenVerdict::Failed(format!("the TokenReview failed: {why}")),
+                Err(failure) => TokenVerdict::Failed(errors.counted(Failure {
+                    detail: format!("the TokenReview failed: {}", failure.detail),
+                    ..failure
+                })),
             }
         };
         let remember = move |verdict: &TokenVerdict| match verdict {
             TokenVerdict::Authenticated(_) => ttl,
-            TokenVerdict::Rejected | TokenVerdict::Failed(_) => FAILED_REVIEW_TTL,
+            TokenVerdict::Rejected => FAILED_REVIEW_TTL,
+            TokenVerdict::Failed(failure) => failure.remembered_for(),
         };
-        self.answers
+        let asked = self
+            .answers
             .get(&self.limiter, key, ask, remember, lost("TokenReview"))
-            .await
+            .await;
+        self.errors.turned_away(asked)
     }
 }
 
@@ -303,15 +495,24 @@ fn lost<V: From<Lost>>(what: &str) -> V {
 /// The task asking a review ended without an answer.
 pub struct Lost(String);
 
+impl Lost {
+    fn failure(self) -> Failure {
+        Failure {
+            reason: Reason::NoAnswer,
+            detail: format!("the {} was lost", self.0),
+        }
+    }
+}
+
 impl From<Lost> for TokenVerdict {
-    fn from(Lost(what): Lost) -> Self {
-        TokenVerdict::Failed(format!("the {what} was lost"))
+    fn from(lost: Lost) -> Self {
+        TokenVerdict::Failed(lost.failure())
     }
 }
 
 impl From<Lost> for AccessVerdict {
-    fn from(Lost(what): Lost) -> Self {
-        AccessVerdict::Failed(format!("the {what} was lost"))
+    fn from(lost: Lost) -> Self {
+        AccessVerdict::Failed(lost.failure())
     }
 }
 
@@ -346,7 +547,17 @@ pub enum AccessVerdict {
     Allowed,
     /// Not allowed, with the authorizer's reason when it gave one.
     Denied(String),
-    Failed(String),
+    /// The review could not be made.
+    Failed(Failure),
+}
+
+impl Answer for AccessVerdict {
+    fn heard(&self) -> Heard {
+        match self {
+            AccessVerdict::Failed(failure) => failure.reason.heard(),
+            AccessVerdict::Allowed | AccessVerdict::Denied(_) => Heard::Answered,
+        }
+    }
 }
 
 /// `--authorization-webhook`: may this identity `get` this path?
@@ -356,6 +567,7 @@ pub struct Access {
     answers: Arc<Answers<AccessVerdict>>,
     allowed_ttl: Duration,
     denied_ttl: Duration,
+    errors: Errors,
 }
 
 impl Access {
@@ -364,6 +576,7 @@ impl Access {
         credentials: Credentials,
         allowed_ttl: Duration,
         denied_ttl: Duration,
+        metrics: Arc<Metrics>,
     ) -> Access {
         Access {
             limiter,
@@ -371,6 +584,7 @@ impl Access {
             answers: Arc::default(),
             allowed_ttl,
             denied_ttl,
+            errors: Errors::new(metrics, "access"),
         }
     }
 
@@ -391,14 +605,17 @@ impl Access {
             serde_json::to_vec(&spec).expect("a SubjectAccessReviewSpec serializes"),
         )
         .into();
-        let credentials = self.credentials.clone();
+        let (credentials, errors) = (self.credentials.clone(), self.errors.clone());
         let ask = move || async move {
             let client = match credentials.client_once_read(FIRST_READ_WAIT).await {
                 Ok(client) => client,
                 Err(why) => {
-                    return AccessVerdict::Failed(format!(
-                        "the SubjectAccessReview cannot be made: no usable credentials for the API server: {why}"
-                    ));
+                    return AccessVerdict::Failed(errors.counted(Failure {
+                        reason: Reason::Credentials,
+                        detail: format!(
+                            "the SubjectAccessReview cannot be made: no usable credentials for the API server: {why}"
+                        ),
+                    }));
                 }
             };
             let review = SubjectAccessReview {
@@ -408,16 +625,20 @@ impl Access {
             let api: Api<SubjectAccessReview> = Api::all(client);
             match ask_within(&credentials, api.create(&PostParams::default(), &review)).await {
                 Ok(answer) => access_verdict(answer.status.unwrap_or_default()),
-                Err(why) => AccessVerdict::Failed(format!("the SubjectAccessReview failed: {why}")),
+                Err(failure) => AccessVerdict::Failed(errors.counted(Failure {
+                    detail: format!("the SubjectAccessReview failed: {}", failure.detail),
+                    ..failure
+                })),
             }
         };
         let (allowed_ttl, denied_ttl) = (self.allowed_ttl, self.denied_ttl);
         let remember = move |verdict: &AccessVerdict| match verdict {
             AccessVerdict::Allowed => allowed_ttl,
             AccessVerdict::Denied(_) => denied_ttl,
-            AccessVerdict::Failed(_) => FAILED_REVIEW_TTL,
+            AccessVerdict::Failed(failure) => failure.remembered_for(),
         };
-        self.answers
+        let asked = self
+            .answers
             .get(
                 &self.limiter,
                 key,
@@ -425,7 +646,8 @@ impl Access {
                 remember,
                 lost("SubjectAccessReview"),
             )
-            .await
+            .await;
+        self.errors.turned_away(asked)
     }
 }
 
@@ -443,36 +665,48 @@ pub fn access_verdict(status: SubjectAccessReviewStatus) -> AccessVerdict {
     AccessVerdict::Denied(reason)
 }
 
-/// A review call, given up after [`REVIEW_DEADLINE`]; its error as one escaped line.
-/// `call`, within [`REVIEW_DEADLINE`]. A 401, or a server certificate that the trusted CAs
-/// do not sign, has the credentials read again: the next review uses the new ones.
+/// `call`, within [`REVIEW_DEADLINE`], or why it could not be made (its detail one escaped
+/// line). A 401, or a server certificate that the trusted CAs do not sign, has the
+/// credentials read again: the next review uses the new ones.
 async fn ask_within<T>(
     credentials: &Credentials,
     call: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, String> {
+) -> Result<T, Failure> {
+    let failure = |reason, detail: &str| Failure {
+        reason,
+        detail: escape(detail).into_owned(),
+    };
     match tokio::time::timeout(REVIEW_DEADLINE, call).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(kube::Error::Api(status))) => {
-            if status.code == 401 {
+            let reason = match status.code {
+                401 => Reason::Unauthorized,
+                403 => Reason::Forbidden,
+                _ => Reason::ApiError,
+            };
+            if reason == Reason::Unauthorized {
                 credentials.stale();
             }
-            Err(escape(&format!(
-                "HTTP {} {}: {}",
-                status.code, status.reason, status.message
-            ))
-            .into_owned())
+            let detail = format!("HTTP {} {}: {}", status.code, status.reason, status.message);
+            Err(failure(reason, &detail))
         }
         Ok(Err(e)) => {
             let (reason, cause) = crate::source::cluster::transport_cause(&e);
-            if reason == "tls" {
+            let reason = if reason == "tls" {
                 credentials.stale();
-            }
+                Reason::Tls
+            } else {
+                Reason::Unreachable
+            };
             let server = credentials.current().server.clone().unwrap_or_default();
-            Err(escape(&format!("{server}: {cause}")).into_owned())
+            Err(failure(reason, &format!("{server}: {cause}")))
         }
-        Err(_) => Err(format!(
-            "the API server did not answer within {}s",
-            REVIEW_DEADLINE.as_secs()
+        Err(_) => Err(failure(
+            Reason::NoAnswer,
+            &format!(
+                "the API server did not answer within {}s",
+                REVIEW_DEADLINE.as_secs()
+            ),
         )),
     }
 }
@@ -484,6 +718,17 @@ mod tests {
     use k8s_openapi::api::authentication::v1::UserInfo;
 
     use super::*;
+    use crate::server::breaker::{self, Circuit};
+
+    /// Answers in these tests are words; "unreachable" is a review that found no server.
+    impl Answer for String {
+        fn heard(&self) -> Heard {
+            match self.as_str() {
+                "unreachable" => Heard::Unanswered,
+                _ => Heard::Answered,
+            }
+        }
+    }
 
     /// A limiter that never sheds: these tests are about the answers.
     fn unlimited() -> Limiter {
@@ -763,6 +1008,104 @@ mod tests {
             "{} remembered",
             answers.remembered()
         );
+    }
+
+    /// The failure TTL of the reviews that found no server (zero) in an `Answers::get`.
+    fn unless_unreachable(answer: &String) -> Duration {
+        if answer == "unreachable" {
+            Duration::ZERO
+        } else {
+            FAILED_REVIEW_TTL
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_a_review_finds_no_server_new_questions_fail_at_once_until_a_probe_finds_it() {
+        let answers = Arc::new(Answers::<String>::default());
+        let limiter = unlimited();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let ask = |key: u8, answer: &'static str| {
+            answers.get(
+                &limiter,
+                [key; 32],
+                counted(&asked, answer),
+                unless_unreachable,
+                "lost".into(),
+            )
+        };
+        assert_eq!(ask(1, "unreachable").await, Ok("unreachable".to_string()));
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        // Other questions, and the same one (its failure is not remembered), are turned
+        // away at once, with when to try again, and nothing is asked.
+        let started = Instant::now();
+        for key in [2, 3, 1] {
+            assert!(matches!(
+                ask(key, "yes").await,
+                Err(Shed::Unreachable(after)) if after <= breaker::PAUSE
+            ));
+        }
+        assert_eq!(started.elapsed(), Duration::ZERO, "no wait");
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        assert_eq!(answers.remembered(), 0, "nothing remembered of the failure");
+        // After the pause, one question probes: the server is back, and the next question
+        // is asked as usual.
+        tokio::time::sleep(breaker::PAUSE).await;
+        assert_eq!(ask(1, "yes").await, Ok("yes".to_string()));
+        assert_eq!(limiter.breaker.circuit(), Circuit::Closed);
+        assert_eq!(ask(2, "no").await, Ok("no".to_string()));
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_finds_no_server_opens_it_again_and_a_shed_probe_leaves_its_turn() {
+        let answers = Arc::new(Answers::<String>::default());
+        // Two new reviews at once, then one every 5 s.
+        let limiter = Limiter::new(8, 0.2, 2.0);
+        let asked = Arc::new(AtomicUsize::new(0));
+        let ask = |key: u8, answer: &'static str| {
+            answers.get(
+                &limiter,
+                [key; 32],
+                counted(&asked, answer),
+                unless_unreachable,
+                "lost".into(),
+            )
+        };
+        assert!(ask(1, "unreachable").await.is_ok());
+        tokio::time::sleep(breaker::PAUSE).await;
+        // The probe finds no server either: turned away again for a pause.
+        assert!(ask(2, "unreachable").await.is_ok());
+        assert!(matches!(ask(3, "yes").await, Err(Shed::Unreachable(_))));
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(breaker::PAUSE).await;
+        // The next probe is shed by the rate limit (429 as ever); it does not keep the
+        // probe's turn: the question after it may probe too (and is shed the same way,
+        // not turned away by the breaker).
+        assert_eq!(ask(3, "yes").await, Err(Shed::RateLimited));
+        assert_eq!(ask(4, "yes").await, Err(Shed::RateLimited));
+        tokio::time::sleep(breaker::PAUSE).await;
+        assert_eq!(ask(4, "yes").await, Ok("yes".to_string()));
+        assert_eq!(limiter.breaker.circuit(), Circuit::Closed);
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_failure_is_remembered_unless_the_server_was_not_there_and_every_reason_is_counted() {
+        let failure = |reason| Failure {
+            reason,
+            detail: String::new(),
+        };
+        for reason in Reason::ALL {
+            let expected = match reason {
+                Reason::Unreachable | Reason::Tls | Reason::NoAnswer => Duration::ZERO,
+                _ => FAILED_REVIEW_TTL,
+            };
+            assert_eq!(failure(reason).remembered_for(), expected, "{reason:?}");
+        }
+        let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names, crate::metrics::known::REVIEW_ERRORS);
+        assert_eq!(Reason::Forbidden.heard(), Heard::Answered);
+        assert_eq!(Reason::Credentials.heard(), Heard::Nothing);
     }
 
     fn status(authenticated: bool, user: &str, audiences: &[&str]) -> TokenReviewStatus {
