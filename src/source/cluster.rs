@@ -6,8 +6,9 @@
 //! it (several fields of a ControllerConfig, several keys of a ConfigMap: SPEC 4b, one watch
 //! per object). It watches the single named object (field selector `metadata.name`, so RBAC
 //! by resourceNames is enough): list once, then watch with bookmarks, resume from the last
-//! resourceVersion after a disconnect, list again after `410 Gone`, and back off with jitter
-//! (up to 30 s) between failures. In steady state it makes no list. Each state of the object
+//! resourceVersion after a disconnect, list again at once after `410 Gone`, and back off
+//! with jitter between failures by what failed, all as [`super::lifecycle`] decides. In
+//! steady state it makes no list. Each state of the object
 //! becomes one update per spec, with that spec's own content or its own error: a bad field
 //! for one spec does not fail the others.
 //!
