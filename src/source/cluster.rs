@@ -569,9 +569,12 @@ async fn requested<T>(
     }
 }
 
-/// The kind of failure an error answer is: `410 Gone`, or a failure the server answered,
-/// with the wait it asked for (`retryAfterSeconds`, where the `Retry-After` header of an
-/// answer is put too: [`crate::credentials::client`]).
+/// The kind of failure an error answer is: `410 Gone`; a gateway with no API server behind
+/// it (a 502, 503 or 504 that is not a Kubernetes Status and asks for no wait: a load
+/// balancer whose backends are all down answers so, and it is the API server that cannot be
+/// reached); or a failure the server answered, with the wait it asked for
+/// (`retryAfterSeconds`, where the `Retry-After` header of an answer is put too:
+/// [`crate::credentials::client`]).
 fn status_failure(status: &Status) -> Failure {
     if status.code == 410 {
         return Failure::Expired;
@@ -582,6 +585,10 @@ fn status_failure(status: &Status) -> Failure {
         .map(|details| details.retry_after_seconds)
         .filter(|seconds| *seconds > 0)
         .map(|seconds| Duration::from_secs(seconds.into()));
+    let not_a_status = status.reason == "Failed to parse error data";
+    if matches!(status.code, 502..=504) && not_a_status && retry_after.is_none() {
+        return Failure::Unreachable;
+    }
     Failure::Answered { retry_after }
 }
 
@@ -1417,6 +1424,74 @@ mod tests {
         let kube = spec("controllerconfig:mcc");
         let err = optional_bundle_content(&kube, Raw::Field(Some(&json!("")))).unwrap_err();
         assert_eq!(err.reason(), "no_certificate");
+    }
+
+    #[test]
+    fn each_error_answer_is_the_kind_of_failure_that_says_how_long_to_wait() {
+        let status = |code: u16, body: &str| -> Status {
+            match serde_json::from_str::<Status>(body) {
+                Ok(status) => status,
+                Err(_) => Status::failure(body, "Failed to parse error data").with_code(code),
+            }
+        };
+        let json = |code: u16, reason: &str, retry: u32| {
+            format!(
+                r#"{{"kind":"Status","status":"Failure","reason":"{reason}","code":{code},"details":{{"retryAfterSeconds":{retry}}}}}"#
+            )
+        };
+        let seconds = |s| Some(Duration::from_secs(s));
+        let cases = [
+            (status(410, &json(410, "Expired", 0)), Failure::Expired),
+            // A load balancer with no API server behind it.
+            (
+                status(502, "<html>502 Bad Gateway</html>"),
+                Failure::Unreachable,
+            ),
+            (status(503, ""), Failure::Unreachable),
+            (status(504, "upstream timed out"), Failure::Unreachable),
+            // The API server itself, failing or shedding load.
+            (
+                status(503, &json(503, "ServiceUnavailable", 0)),
+                Failure::ANSWERED,
+            ),
+            (
+                status(500, &json(500, "InternalError", 0)),
+                Failure::ANSWERED,
+            ),
+            (
+                status(429, &json(429, "TooManyRequests", 7)),
+                Failure::Answered {
+                    retry_after: seconds(7),
+                },
+            ),
+            (
+                status(504, &json(504, "Timeout", 1)),
+                Failure::Answered {
+                    retry_after: seconds(1),
+                },
+            ),
+            (status(403, &json(403, "Forbidden", 0)), Failure::ANSWERED),
+            (status(500, "oops"), Failure::ANSWERED),
+        ];
+        for (status, kind) in cases {
+            assert_eq!(status_failure(&status), kind, "{status:?}");
+        }
+        // A shedding server's plain-text 429, with the wait carried into its details.
+        let mut shed = status(429, "Too many requests, please try again later.");
+        shed.details = serde_json::from_str(r#"{"retryAfterSeconds":20}"#).ok();
+        assert_eq!(
+            status_failure(&shed),
+            Failure::Answered {
+                retry_after: seconds(20)
+            }
+        );
+        shed.code = 503;
+        assert_eq!(
+            status_failure(&shed),
+            Failure::Answered {
+                retry_after: seconds(20)
+            }
+        );
     }
 
     #[test]
