@@ -1862,3 +1862,217 @@ fn issued_client_certificates_check_out_with_openssl() {
     assert!(!openssl_on(&foreign.cert_pem, &verify).status.success());
     assert_ne!(server.client_ca_pem(), server.ca_pem(), "two CAs");
 }
+
+/// GETs `path` with `client` (no retries of its own) and returns the status, the headers and
+/// the body as text.
+async fn get_raw(client: &kube::Client, path: &str) -> (u16, hyper::HeaderMap, String) {
+    let req = hyper::Request::get(path)
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let resp = client.send(req).await.unwrap();
+    let (code, headers) = (resp.status().as_u16(), resp.headers().clone());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (code, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// What the max-in-flight and APF filters send: 429, Retry-After, http.Error's plain text.
+fn assert_shed(answer: &(u16, hyper::HeaderMap, String), retry_after: &str) {
+    let (code, headers, body) = answer;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(*code, 429, "{body}");
+    assert_eq!(header("retry-after"), Some(retry_after));
+    assert_eq!(header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(body, "Too many requests, please try again later.\n");
+}
+
+#[tokio::test]
+async fn too_many_requests_is_plain_text_with_retry_after_and_a_429_status_in_a_watch() {
+    let server = ApiServer::start();
+    let rv = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let client = client_without_retries(&server).await;
+    let list = format!("{CM_PATH}?fieldSelector=metadata.name%3Dx");
+    let watch = format!("{list}&watch=true&resourceVersion={rv}&timeoutSeconds=30");
+
+    server.fail_next_on(Target::List, 1, Fault::TooManyRequests { retry_after: 7 });
+    assert_shed(&get_raw(&client, &list).await, "7");
+    assert_eq!(get_raw(&client, &list).await.0, 200, "only the next list");
+    // Under APF watches are shed at the door like any request.
+    server.fail_next_on(Target::Watch, 1, Fault::TooManyRequests { retry_after: 3 });
+    assert_shed(&get_raw(&client, &watch).await, "3");
+    // kube-rs reads the plain text as a 429 whose message is the body.
+    server.fail_next_on(Target::Any, 1, Fault::TooManyRequests { retry_after: 1 });
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    match api.get("x").await.unwrap_err() {
+        kube::Error::Api(status) => assert_eq!(status.code, 429),
+        other => panic!("expected a 429, got {other:?}"),
+    }
+
+    // In an open watch: an ERROR event with a TooManyRequests Status, then the end.
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+    let mut w = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    until("the watch", || server.open_watches() == 1).await;
+    server.break_watches(Fault::TooManyRequests { retry_after: 5 });
+    match next(&mut w).await.unwrap() {
+        WatchEvent::Error(status) => {
+            assert_eq!(
+                (status.code, status.reason.as_str()),
+                (429, "TooManyRequests")
+            );
+            assert_eq!(status.details.map(|d| d.retry_after_seconds), Some(5));
+        }
+        other => panic!("expected an ERROR event, got {other:?}"),
+    }
+    assert!(next_or_end(&mut w).await.is_none(), "the stream ends");
+}
+
+/// The next item of a stream, or None at its end, failing the test after `WAIT`.
+async fn next_or_end<S: Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("timed out waiting for the stream")
+}
+
+#[tokio::test]
+async fn a_spell_of_shed_load_answers_every_request_until_it_ends() {
+    let server = ApiServer::start();
+    let rv = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let client = client_without_retries(&server).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+    let mut open = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    until("the watch", || server.open_watches() == 1).await;
+    server.fail_next_on(Target::List, 1, Fault::Status(500));
+
+    server.shed(Some(Fault::TooManyRequests { retry_after: 4 }));
+    let watch = format!("{CM_PATH}?watch=true&resourceVersion={rv}");
+    for path in [
+        "/version",
+        "/api/v1",
+        CM_PATH,
+        &watch,
+        &format!("{CM_PATH}/x"),
+    ] {
+        assert_shed(&get_raw(&client, path).await, "4");
+    }
+    // Load is shed at the door: the watch already open still gets its events.
+    server.put_configmap(NS, "x", &[("ca.crt", "two")], &[]);
+    assert!(matches!(
+        next(&mut open).await.unwrap(),
+        WatchEvent::Modified(_)
+    ));
+
+    // A proxy with no healthy apiserver behind it: 503 to everything.
+    server.shed(Some(Fault::Status(503)));
+    assert_eq!(api_code(&api.get("x").await.unwrap_err()).0, 503);
+    assert_eq!(get_raw(&client, "/version").await.0, 503);
+
+    // Served again; the fault armed before the spell is still there for the next list.
+    server.shed(None);
+    assert!(api.get("x").await.is_ok());
+    assert_eq!(
+        api_code(&api.list(&ListParams::default()).await.unwrap_err()).0,
+        500
+    );
+    assert!(api.list(&ListParams::default()).await.is_ok());
+}
+
+#[tokio::test]
+async fn after_a_restart_every_resource_version_seen_is_too_old_to_watch_from() {
+    let server = ApiServer::start();
+    server.set_bookmark_interval(Duration::from_secs(3600));
+    server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let api = configmaps(&server).await;
+    let lp = ListParams::default().fields("metadata.name=x");
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+    // The newest resourceVersion there is: nothing changed after it.
+    let seen = api
+        .list(&lp)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    assert_eq!(seen, server.resource_version().to_string());
+
+    for restart in [ApiServer::restart, ApiServer::rolling_restart] {
+        restart(&server);
+        let mut w = api.watch(&wp, &seen).await.unwrap().boxed();
+        match next(&mut w).await.unwrap() {
+            WatchEvent::Error(status) => {
+                assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+            }
+            other => panic!("expected a 410 ERROR event, got {other:?}"),
+        }
+    }
+    // What a list after the restart answers is new enough to watch from.
+    let listed = api
+        .list(&lp)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    assert!(listed.parse::<u64>().unwrap() > seen.parse::<u64>().unwrap());
+    let mut w = api.watch(&wp, &listed).await.unwrap().boxed();
+    server.put_configmap(NS, "x", &[("ca.crt", "two")], &[]);
+    assert!(matches!(
+        next(&mut w).await.unwrap(),
+        WatchEvent::Modified(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_rolling_restart_cuts_every_connection_and_answers_at_once() {
+    let server = ApiServer::start();
+    let rv = server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    let api: Api<ConfigMap> = Api::namespaced(client_without_retries(&server).await, NS);
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(30);
+    let mut first = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    let mut second = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    until("the watches", || server.open_watches() == 2).await;
+    let before = server.requests().len();
+
+    server.rolling_restart();
+    assert_eq!(server.open_watches(), 0);
+    // Cut, not ended: no clean end of the chunked stream, so kube-rs sees an error or EOF.
+    for w in [&mut first, &mut second] {
+        if let Some(item) = next_or_end(w).await {
+            assert!(item.is_err(), "a cut stream brings no event: {item:?}");
+        }
+    }
+    // No gap: the very next request, with no retry, is answered, on a new connection.
+    api.get("x").await.unwrap();
+    let requests = server.requests();
+    let (old, new) = (&requests[before - 1], &requests[before]);
+    assert!(new.connection > old.connection, "a new connection");
+    // And the resumed watch learns that the new instance's watch cache began later.
+    let mut w = api.watch(&wp, &rv.to_string()).await.unwrap().boxed();
+    match next(&mut w).await.unwrap() {
+        WatchEvent::Error(status) => assert_eq!(status.code, 410),
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn each_kubeconfig_for_a_node_authenticates_as_that_node() {
+    let server = ApiServer::start();
+    server.put_configmap(NS, "x", &[("ca.crt", "one")], &[]);
+    for node in ["system:node:fleet-000", "system:node:fleet-001"] {
+        let api: Api<ConfigMap> =
+            Api::namespaced(client_from(&server.kubeconfig_for(node)).await, NS);
+        api.get("x").await.unwrap();
+        let request = last_request(&server);
+        assert_eq!(request.user, node);
+        assert_eq!(
+            request.groups,
+            ["system:nodes", "system:authenticated"].map(String::from)
+        );
+    }
+    // The fixture user's token rotating leaves the nodes' alone.
+    let node = server.kubeconfig_for("system:node:fleet-002");
+    server.rotate_token();
+    let api: Api<ConfigMap> = Api::namespaced(client_from(&node).await, NS);
+    api.get("x").await.unwrap();
+    assert_eq!(last_request(&server).user, "system:node:fleet-002");
+}

@@ -52,12 +52,41 @@ impl Agent {
         notify: Option<&Path>,
         server: &[String],
     ) -> Agent {
-        fs::create_dir_all(dir.path().join("etc")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
+        Agent::spawn(dir, sources, kubeconfig, notify, server, port)
+    }
+
+    /// Like [`Agent::start`] with `--listen 127.0.0.1:0`: the kernel picks the endpoint's port
+    /// and nobody learns it, so there is no scrape. For fleets, where ports picked ahead of
+    /// many agents could be handed out twice before the agents bind them.
+    pub fn start_unlisted(
+        dir: tempfile::TempDir,
+        sources: &[String],
+        kubeconfig: Option<&Path>,
+    ) -> Agent {
+        Agent::spawn(
+            dir,
+            sources,
+            kubeconfig,
+            None,
+            &["--insecure-metrics".into()],
+            0,
+        )
+    }
+
+    fn spawn(
+        dir: tempfile::TempDir,
+        sources: &[String],
+        kubeconfig: Option<&Path>,
+        notify: Option<&Path>,
+        server: &[String],
+        port: u16,
+    ) -> Agent {
+        fs::create_dir_all(dir.path().join("etc")).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubelet-ca-agent"));
         cmd.arg("run");
         for source in sources {

@@ -10,9 +10,11 @@
 //!
 //! Storage is modelled on etcd behind the apiserver's watch cache: one global revision counter, a
 //! history of changes (for watch replay and reads at an older revision) that `compact` cuts, and a
-//! watch-cache floor below which resuming watches get 410. `compact` moves both; `restart` moves
-//! only the watch-cache floor, because a restarted apiserver rebuilds its watch cache from a fresh
-//! list and no longer knows the events before it.
+//! watch-cache floor below which resuming watches get 410. `compact` moves both; `restart` and
+//! `rolling_restart` move only the watch-cache floor, because a restarted apiserver rebuilds its
+//! watch cache from a fresh list and no longer knows the events before it. They move the revision
+//! on by one first, as a starting apiserver's own writes (its lease, the `kubernetes` endpoints)
+//! move etcd's past anything a client saw: every resumed watch gets 410 after a restart.
 //!
 //! Real-server behaviour worth knowing when writing tests against it:
 //! - list items of ConfigMaps have no kind/apiVersion (ControllerConfig items, being custom
@@ -20,6 +22,8 @@
 //! - an update that changes nothing is a no-op: no new resourceVersion, no event;
 //! - a watch from a too-old resourceVersion gets HTTP 200 and one ERROR event (410 Expired), while
 //!   a list at a too-old exact resourceVersion gets HTTP 410;
+//! - load shedding (kube-apiserver's max-in-flight and priority-and-fairness filters) is not a
+//!   Status: HTTP 429 with `Retry-After` and a plain-text body (`Fault::TooManyRequests`);
 //! - BOOKMARKs go only to watches with `allowWatchBookmarks=true`, every bookmark interval (a
 //!   minute upstream) once the resourceVersion has moved past the one the watch started from,
 //!   and from then on even if it has not moved since the last bookmark (cacheWatcher.process
@@ -246,6 +250,13 @@ pub enum Fault {
     /// On a watch: HTTP 200 and one ERROR event holding a Status of this code, then the end of
     /// the stream. On any other request, like `Status`.
     ErrorEvent(u16),
+    /// What kube-apiserver's max-in-flight and priority-and-fairness filters answer when they
+    /// shed load, to any request (watches too, under APF): HTTP 429 with `Retry-After:
+    /// retry_after`, `X-Content-Type-Options: nosniff` and the plain-text body Go's
+    /// `http.Error` writes, `Too many requests, please try again later.` and a newline (not a
+    /// Status). Inside an open watch stream (`break_watches`): an ERROR event holding a Status
+    /// of code 429, reason TooManyRequests, with `details.retryAfterSeconds` retry_after.
+    TooManyRequests { retry_after: u32 },
 }
 
 /// One RBAC rule of the agent's role (see [`ApiServer::restrict_to`]).
@@ -334,6 +345,7 @@ impl ApiServer {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new()),
             token: Mutex::new(B64_URL.encode(random_bytes(32))),
+            node_tokens: Mutex::new(HashMap::new()),
             port,
             client_auth: client_verifier(&client_ca, &provider),
             serving: Arc::new(serving),
@@ -374,6 +386,27 @@ impl ApiServer {
     /// first token and CA (a test that rotates writes the new credentials where it wants them).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A kubeconfig like [`ApiServer::kubeconfig`] whose bearer token, made for it, authenticates
+    /// as `user` in groups `system:nodes` and `system:authenticated` (a node's), so that the
+    /// requests of many clients tell apart by [`Request::user`] (a fleet of agents, one per
+    /// node). The token stays valid whatever `rotate_token` does to the fixture user's; RBAC set
+    /// by `restrict_to` binds it as it binds every authenticated user.
+    pub fn kubeconfig_for(&self, user: &str) -> PathBuf {
+        let token = B64_URL.encode(random_bytes(32));
+        let n = {
+            let mut users = lock(&self.shared.node_tokens);
+            users.insert(token.clone(), user.to_owned());
+            users.len()
+        };
+        let path = self._dir.path().join(format!("kubeconfig-{n}"));
+        std::fs::write(
+            &path,
+            kubeconfig_yaml(self.shared.port, &self.ca_pem(), &token),
+        )
+        .expect("write kubeconfig");
+        path
     }
 
     pub fn url(&self) -> String {
@@ -598,17 +631,38 @@ impl ApiServer {
         self.roundtrip(Command::Stop);
     }
 
-    /// Listens again on the same port with the same objects and resourceVersion counter. Like a
-    /// real restarted apiserver, its watch cache starts from a fresh list: a watch resuming from
-    /// a resourceVersion older than the current one gets 410 Expired (so clients relist).
+    /// Listens again on the same port with the same objects. Like a real restarted apiserver,
+    /// its own writes on start (its lease, the `kubernetes` endpoints) move the revision on by
+    /// one, and its watch cache starts from a fresh list there: a watch resuming from any
+    /// resourceVersion a client has seen gets 410 Expired (so clients relist). Stopped or not,
+    /// every connection is dropped first (see [`ApiServer::stop`]).
     pub fn restart(&self) {
         self.stop();
         let listener = bind_retrying(self.shared.port);
-        {
-            let mut st = self.shared.store();
-            st.watch_floor = st.rv;
-        }
+        self.shared.store().forget_watch_cache();
         self.listen(listener);
+    }
+
+    /// What a client behind a load balancer sees when the apiserver it was on restarts and the
+    /// balancer sends it to another one: every connection cut at once without a clean end (no
+    /// terminating chunk, no TLS close_notify), while the listener stays open, so that a
+    /// reconnect is accepted at once, by a server that resumes none of the old TLS sessions and
+    /// whose watch cache begins past every resourceVersion a client has seen (the revision moves
+    /// on as in [`ApiServer::restart`]): every resumed watch gets 410. Does nothing but move the
+    /// watch cache while the server is stopped.
+    pub fn rolling_restart(&self) {
+        self.shared.store().forget_watch_cache();
+        self.roundtrip(Command::Roll);
+    }
+
+    /// Sheds load: while `Some(fault)`, every new request (discovery, lists, watches, writes,
+    /// reviews, health checks) is answered `fault`, as an overloaded apiserver answers
+    /// `Fault::TooManyRequests` or a load balancer with no healthy apiserver behind it
+    /// `Fault::Status(503)` or `Fault::EmptyUnavailable`; `None` serves again. Watches already
+    /// open are left as they are (load is shed at the door): [`ApiServer::break_watches`] ends
+    /// them. A fault armed by `fail_next_on` waits, its count untouched, until the spell ends.
+    pub fn shed(&self, fault: Option<Fault>) {
+        self.shared.store().shed = fault;
     }
 
     /// Like etcd compaction (and the watch cache moving on): a watch resuming from a
@@ -642,12 +696,15 @@ impl ApiServer {
 
     /// Breaks every open watch in the middle of its stream: `CutMidJson` sends half an event and
     /// cuts the connection; `ErrorEvent(code)` (or `Status(code)`) sends an ERROR event with that
-    /// Status and ends the stream, as the watch cache does when it gives up on a watcher. Other
-    /// faults make no sense mid-stream and panic.
+    /// Status and ends the stream, as the watch cache does when it gives up on a watcher;
+    /// `TooManyRequests` sends an ERROR event holding a 429 Status with its
+    /// `retryAfterSeconds`, and ends the stream. Other faults make no sense mid-stream and panic.
     pub fn break_watches(&self, fault: Fault) {
         let msg = || match fault {
             Fault::CutMidJson => Msg::Cut,
-            Fault::ErrorEvent(code) | Fault::Status(code) => Msg::Error(code),
+            Fault::ErrorEvent(_) | Fault::Status(_) | Fault::TooManyRequests { .. } => {
+                Msg::Error(fault)
+            }
             other => panic!("break_watches: {other:?} cannot happen inside a watch stream"),
         };
         for w in self.shared.store().watches.values() {
@@ -918,6 +975,8 @@ struct Store {
     requests: Vec<Request>,
     /// What `fail_next_on` armed: (requests left, which ones, what they get).
     fail: Option<(usize, Target, Fault)>,
+    /// What every request gets while the server sheds load (see `ApiServer::shed`).
+    shed: Option<Fault>,
     /// The agent's RBAC rules; None allows every request of the fixture user.
     rules: Option<Vec<Rule>>,
     bookmark_interval: Duration,
@@ -947,6 +1006,7 @@ impl Store {
             next_watch_id: 1,
             requests: Vec::new(),
             fail: None,
+            shed: None,
             rules: None,
             bookmark_interval: Duration::from_secs(1),
             watch_list: false,
@@ -1015,6 +1075,14 @@ impl Store {
         state
     }
 
+    /// A restarted apiserver: its own writes on start move the revision on, and its watch cache
+    /// begins there, past every resourceVersion a client has seen. The writes are to objects no
+    /// test watches (a Lease, the `kubernetes` Endpoints), so they are not kept in the history.
+    fn forget_watch_cache(&mut self) {
+        self.rv += 1;
+        self.watch_floor = self.rv;
+    }
+
     fn compact(&mut self) {
         self.base = self.current.clone();
         self.log.clear();
@@ -1022,8 +1090,12 @@ impl Store {
         self.watch_floor = self.rv;
     }
 
-    /// The fault armed for a request of this kind, if any (using one of its count).
+    /// The fault for a request of this kind, if any: the load being shed, else an armed one
+    /// (using one of its count).
     fn take_failure(&mut self, kind: Kind) -> Option<Fault> {
+        if let Some(fault) = self.shed {
+            return Some(fault);
+        }
         let (count, target, fault) = self.fail?;
         let hit = match target {
             Target::Any => true,
@@ -1041,8 +1113,10 @@ impl Store {
 
 struct Shared {
     store: Mutex<Store>,
-    /// The one bearer token accepted (see `ApiServer::rotate_token`).
+    /// The fixture user's bearer token (see `ApiServer::rotate_token`).
     token: Mutex<String>,
+    /// The tokens `ApiServer::kubeconfig_for` made, and the node user each names.
+    node_tokens: Mutex<HashMap<String, String>>,
     port: u16,
     /// The x509 authenticator's check of a chain against the client CA (clientAuth usage).
     client_auth: Arc<dyn ClientCertVerifier>,
@@ -2670,6 +2744,9 @@ struct Status {
 const OPTIMISTIC_LOCK: &str =
     "the object has been modified; please apply your changes to the latest version and try again";
 
+/// What kube-apiserver says when it sheds load (the max-in-flight and APF filters).
+const TOO_MANY_REQUESTS: &str = "Too many requests, please try again later.";
+
 const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
 
 impl Status {
@@ -2892,6 +2969,12 @@ impl Status {
         )
     }
 
+    /// errors.NewTooManyRequests, with `details.retryAfterSeconds` (and so `Retry-After`).
+    fn too_many_requests(retry_after: u32) -> Status {
+        Status::new(429, "TooManyRequests", TOO_MANY_REQUESTS)
+            .details(json!({"retryAfterSeconds": retry_after}))
+    }
+
     /// What `fail_next` injects, worded as the real server words that error (a 403 names
     /// `user`).
     fn injected(code: u16, route: &Route, user: &str, verb: &str, path: &str) -> Status {
@@ -2917,8 +3000,7 @@ impl Status {
                 ),
             },
             410 => Status::expired("The resourceVersion for the provided list is too old."),
-            429 => Status::new(429, "TooManyRequests", "Too many requests, please try again later.")
-                .details(json!({"retryAfterSeconds": 1})),
+            429 => Status::too_many_requests(1),
             500 => Status::new(
                 500,
                 "InternalError",
@@ -3437,6 +3519,22 @@ fn injected_reply(
         }
         Fault::Status(code) | Fault::ErrorEvent(code) => {
             status_reply(shared, &Status::injected(code, route, user, verb, path))
+        }
+        // tooManyRequests in the max-in-flight and APF filters: Retry-After, then http.Error.
+        Fault::TooManyRequests { retry_after } => {
+            let mut resp = reply(
+                shared,
+                429,
+                "text/plain; charset=utf-8",
+                full(format!("{TOO_MANY_REQUESTS}\n")),
+            );
+            let headers = resp.headers_mut();
+            headers.insert(hyper::header::RETRY_AFTER, retry_after.into());
+            headers.insert(
+                hyper::header::X_CONTENT_TYPE_OPTIONS,
+                hyper::header::HeaderValue::from_static("nosniff"),
+            );
+            resp
         }
         // What an nginx-style load balancer sends when no apiserver behind it answers.
         Fault::BadGatewayHtml => {
@@ -4052,8 +4150,9 @@ enum Msg {
     Close,
     /// Send half an event and cut the connection.
     Cut,
-    /// Send an ERROR event with a Status of this code, then end the stream.
-    Error(u16),
+    /// Send an ERROR event with the Status of this fault (`Status`, `ErrorEvent` or
+    /// `TooManyRequests`), then end the stream.
+    Error(Fault),
 }
 
 struct WatchStream {
@@ -4123,12 +4222,20 @@ impl WatchStream {
             Some(Msg::Line(line)) => self.pending.push_back(line),
             Some(Msg::Close) | None => self.ending = true,
             Some(Msg::Cut) => self.cut = true,
-            Some(Msg::Error(code)) => {
+            Some(Msg::Error(fault)) => {
                 let route = Route::Collection {
                     res: self.res,
                     ns: None,
                 };
-                let status = Status::injected(code, &route, &self.user, "watch", "");
+                let status = match fault {
+                    Fault::TooManyRequests { retry_after } => {
+                        Status::too_many_requests(retry_after)
+                    }
+                    Fault::Status(code) | Fault::ErrorEvent(code) => {
+                        Status::injected(code, &route, &self.user, "watch", "")
+                    }
+                    other => unreachable!("{other:?} is no ERROR event"),
+                };
                 self.pending.push_back(Line {
                     bytes: format!("{{\"type\":\"ERROR\",\"object\":{}}}\n", status.json()).into(),
                     rv: 0,
@@ -4184,6 +4291,8 @@ fn next_bookmark_at(
 enum Command {
     Listen(StdTcpListener, std_mpsc::SyncSender<()>),
     Stop(std_mpsc::SyncSender<()>),
+    /// Cut every connection and keep listening (see `ApiServer::rolling_restart`).
+    Roll(std_mpsc::SyncSender<()>),
 }
 
 /// The server thread: a current-thread runtime running the control loop.
@@ -4193,42 +4302,73 @@ fn run(shared: Arc<Shared>, mut commands: mpsc::UnboundedReceiver<Command>) {
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
-        let mut serving = None;
+        let mut serving: Option<Serving> = None;
         while let Some(command) = commands.recv().await {
             match command {
                 Command::Listen(listener, done) => {
                     halt(&mut serving).await;
                     let (stop, stopped) = oneshot::channel();
-                    serving = Some((stop, tokio::spawn(serve(shared.clone(), listener, stopped))));
+                    let (roll, rolls) = mpsc::unbounded_channel();
+                    let task = tokio::spawn(serve(shared.clone(), listener, stopped, rolls));
+                    serving = Some(Serving { stop, roll, task });
                     let _ = done.send(());
                 }
                 Command::Stop(done) => {
                     halt(&mut serving).await;
                     let _ = done.send(());
                 }
+                Command::Roll(done) => match &serving {
+                    Some(s) => {
+                        // Answered by the serving task once every connection is gone.
+                        if let Err(unsent) = s.roll.send(done) {
+                            let _ = unsent.0.send(());
+                        }
+                    }
+                    None => {
+                        let _ = done.send(());
+                    }
+                },
             }
         }
         halt(&mut serving).await;
     });
 }
 
-type Serving = Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>;
+/// The task accepting connections, and how to reach it.
+struct Serving {
+    stop: oneshot::Sender<()>,
+    /// Asks it to cut every connection, and says when that is done.
+    roll: mpsc::UnboundedSender<std_mpsc::SyncSender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
 
-async fn halt(serving: &mut Serving) {
-    if let Some((stop, task)) = serving.take() {
+async fn halt(serving: &mut Option<Serving>) {
+    if let Some(Serving { stop, task, .. }) = serving.take() {
         let _ = stop.send(());
         let _ = task.await;
     }
 }
 
-/// Accepts connections until told to stop, then drops the listener and every connection.
-async fn serve(shared: Arc<Shared>, listener: StdTcpListener, mut stop: oneshot::Receiver<()>) {
+/// Accepts connections until told to stop, then drops the listener and every connection. On a
+/// roll it drops every connection and goes on accepting with new TLS session state (connections
+/// that arrive meanwhile wait in the listen backlog).
+async fn serve(
+    shared: Arc<Shared>,
+    listener: StdTcpListener,
+    mut stop: oneshot::Receiver<()>,
+    mut rolls: mpsc::UnboundedReceiver<std_mpsc::SyncSender<()>>,
+) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-    let acceptor = TlsAcceptor::from(server_config(&shared));
+    let mut acceptor = TlsAcceptor::from(server_config(&shared));
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             _ = &mut stop => break,
+            Some(done) = rolls.recv() => {
+                connections.shutdown().await;
+                acceptor = TlsAcceptor::from(server_config(&shared));
+                let _ = done.send(());
+            }
             accepted = listener.accept() => {
                 if let Ok((tcp, _)) = accepted {
                     let _ = tcp.set_nodelay(true); // Go's default
@@ -4809,7 +4949,7 @@ fn authenticate(
     now: SystemTime,
 ) -> Authn {
     let x509 = || x509_user(&*shared.client_auth, chain, now);
-    let token = || token_user(&shared.token(), bearer);
+    let token = || token_user(shared, bearer);
     let authenticators: [&dyn Fn() -> Verdict; 2] = [&x509, &token];
     let mut errors = Vec::new();
     for authenticator in authenticators {
@@ -4899,16 +5039,24 @@ fn x509_user(
 }
 
 /// The bearer token authenticator: no token is no opinion; the current token is the fixture
-/// user; any other is an error (bearertoken.go: `invalid bearer token`).
-fn token_user(current: &str, bearer: Option<&str>) -> Verdict {
-    match bearer {
-        None => Ok(None),
-        Some(token) if token == current => Ok(Some((
-            USER.to_owned(),
-            USER_GROUPS.iter().map(|g| (*g).to_owned()).collect(),
-        ))),
-        Some(_) => Err("invalid bearer token".to_owned()),
-    }
+/// user, a token of `kubeconfig_for` its node user (both in the nodes' group); any other is an
+/// error (bearertoken.go: `invalid bearer token`).
+fn token_user(shared: &Shared, bearer: Option<&str>) -> Verdict {
+    let Some(token) = bearer else {
+        return Ok(None);
+    };
+    let user = if token == shared.token() {
+        USER.to_owned()
+    } else {
+        lock(&shared.node_tokens)
+            .get(token)
+            .cloned()
+            .ok_or_else(|| "invalid bearer token".to_owned())?
+    };
+    Ok(Some((
+        user,
+        USER_GROUPS.iter().map(|g| (*g).to_owned()).collect(),
+    )))
 }
 
 /// certificateIdentifier in the x509 authenticator: how its errors name a certificate.
