@@ -199,3 +199,60 @@ fn a_quiet_object_is_up_again_once_its_resumed_watch_stays_open() {
     let lists = api.requests().iter().filter(|r| r.is_list()).count();
     assert_eq!(lists, 1, "resumed from where it was, with no list");
 }
+
+#[test]
+fn a_429_with_retry_after_is_honoured_and_the_failures_after_it_are_no_faster() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let agent = started(&api, &node, &a);
+    let wait = 8;
+    let asked = Duration::from_secs(wait);
+    let shedding = Fault::TooManyRequests {
+        retry_after: wait as u32,
+    };
+
+    // The server sheds load: the open watch ends with a 429 ERROR event, and every request
+    // gets HTTP 429 with `Retry-After` (a plain-text body, as the APF filter sends it).
+    api.shed(Some(shedding));
+    let since = Instant::now();
+    api.break_watches(shedding);
+    let times = |n: usize| {
+        wait_until(4 * asked, || requests_since(&api, since).len() >= n);
+        requests_since(&api, since)
+            .iter()
+            .map(|r| r.at)
+            .collect::<Vec<_>>()
+    };
+    let first = times(1)[0];
+    assert!(
+        first - since >= asked,
+        "asked again {:?} after the 429 event",
+        first - since
+    );
+    let second = times(2)[1];
+    assert!(
+        second - first >= asked,
+        "asked again {:?} after the 429",
+        second - first
+    );
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 0.0);
+    // Then 503s with no Retry-After: no faster than the server asked before.
+    api.shed(Some(Fault::Status(503)));
+    let third = times(3)[2];
+    let fourth = times(4)[3];
+    assert!(
+        fourth - third >= asked,
+        "dropped back to a fast retry: {:?} after a 503",
+        fourth - third
+    );
+
+    // Served again: it follows.
+    api.shed(None);
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    wait_until(4 * asked, || node.holds(b.pem()));
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
+}
