@@ -976,62 +976,13 @@ async fn follow<K, T: Clone>(
                     };
                     let arrived = Instant::now();
                     heard = tokio::time::Instant::now();
-                    let at_rv = |k: &K| {
-                        k.meta()
-                            .resource_version
-                            .clone()
-                            .or_else(|| watch.rv().map(str::to_string))
-                            .unwrap_or_default()
-                    };
-                    match next {
-                        Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
-                            let rv = at_rv(&k);
-                            current = seen(Some(k), arrived);
-                            told = true;
-                            Happened::Delivered { rv }
-                        }
-                        Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
-                            let rv = at_rv(&k);
-                            current = seen(None, arrived);
-                            told = true;
-                            Happened::Delivered { rv }
-                        }
-                        Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => Happened::Delivered {
-                            rv: bookmark.metadata.resource_version,
-                        },
-                        // The server ended the watch (its timeout, or a connection that
-                        // closed between events).
-                        Ok(None) => {
-                            trouble = Some(SourceError::Cluster {
-                                spec: spec.to_string(),
-                                reason: "watch_ended",
-                                error: format!(
-                                    "{server}: the watch ended as soon as it was opened (a proxy that cuts streams?)"
-                                ),
-                            });
-                            Happened::Ended
-                        }
-                        Ok(Some(Ok(WatchEvent::Error(status)))) => {
-                            trouble = Some(status_error(spec, &status));
-                            Happened::Failed(status_failure(&status))
-                        }
-                        Ok(Some(Err(error))) => {
-                            let (error, failure) = request_error(spec, server, &error);
-                            trouble = Some(error);
-                            Happened::Failed(failure)
-                        }
-                        Err(_silent) => {
-                            trouble = Some(SourceError::Cluster {
-                                spec: spec.to_string(),
-                                reason: "watch_silent",
-                                error: format!(
-                                    "{server}: the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
-                                    WATCH_SILENCE.as_secs()
-                                ),
-                            });
-                            Happened::Failed(Failure::ANSWERED)
-                        }
+                    let read = watch_item(next, spec, server, watch.rv());
+                    trouble = read.trouble;
+                    if let Some(object) = read.object {
+                        current = seen(object, arrived);
+                        told = true;
                     }
+                    read.happened
                 }
             }
             Action::Wait { until } => {
@@ -1080,6 +1031,88 @@ async fn follow<K, T: Clone>(
             open = None;
         }
         action = step.action;
+    }
+}
+
+/// What an item of an open watch means, for the lifecycle and the loop.
+struct WatchItem<K> {
+    happened: Happened,
+    /// What went wrong, for the report.
+    trouble: Option<SourceError>,
+    /// The object's new state when the item brought one: `Some(None)` when it was deleted.
+    object: Option<Option<K>>,
+}
+
+/// What `next` (the next item of an open watch, or its silence for [`WATCH_SILENCE`])
+/// means; `rv` is where the watch stands, for an event whose object names no
+/// resourceVersion. Pure: the loop's effects are left to it.
+fn watch_item<K: kube::Resource>(
+    next: Result<Option<kube::Result<WatchEvent<K>>>, tokio::time::error::Elapsed>,
+    spec: &str,
+    server: &str,
+    rv: Option<&str>,
+) -> WatchItem<K> {
+    let item = |happened, trouble, object| WatchItem {
+        happened,
+        trouble,
+        object,
+    };
+    let at_rv = |k: &K| {
+        k.meta()
+            .resource_version
+            .clone()
+            .or_else(|| rv.map(str::to_string))
+            .unwrap_or_default()
+    };
+    match next {
+        Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
+            let rv = at_rv(&k);
+            item(Happened::Delivered { rv }, None, Some(Some(k)))
+        }
+        Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
+            let rv = at_rv(&k);
+            item(Happened::Delivered { rv }, None, Some(None))
+        }
+        Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
+            let rv = bookmark.metadata.resource_version;
+            item(Happened::Delivered { rv }, None, None)
+        }
+        // The server ended the watch (its timeout, or a connection that closed between
+        // events). Said only if the lifecycle takes it for a failure: when it came before
+        // the watch was established, again.
+        Ok(None) => {
+            let ended = SourceError::Cluster {
+                spec: spec.to_string(),
+                reason: "watch_ended",
+                error: format!(
+                    "{server}: the watch ended as soon as it was opened (a proxy that cuts streams?)"
+                ),
+            };
+            item(Happened::Ended, Some(ended), None)
+        }
+        Ok(Some(Ok(WatchEvent::Error(status)))) => {
+            let failure = status_failure(&status);
+            item(
+                Happened::Failed(failure),
+                Some(status_error(spec, &status)),
+                None,
+            )
+        }
+        Ok(Some(Err(error))) => {
+            let (error, failure) = request_error(spec, server, &error);
+            item(Happened::Failed(failure), Some(error), None)
+        }
+        Err(_silent) => {
+            let silent = SourceError::Cluster {
+                spec: spec.to_string(),
+                reason: "watch_silent",
+                error: format!(
+                    "{server}: the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
+                    WATCH_SILENCE.as_secs()
+                ),
+            };
+            item(Happened::Failed(Failure::ANSWERED), Some(silent), None)
+        }
     }
 }
 
@@ -1492,6 +1525,73 @@ mod tests {
                 retry_after: seconds(20)
             }
         );
+    }
+
+    /// The silence of a watch, as `timeout_at` reports it.
+    async fn silence() -> tokio::time::error::Elapsed {
+        tokio::time::timeout(Duration::ZERO, std::future::pending::<()>())
+            .await
+            .unwrap_err()
+    }
+
+    fn configmap_at(rv: Option<&str>) -> ConfigMap {
+        let mut cm = configmap(&[("ca-bundle.crt", b"x")], &[]);
+        cm.metadata.resource_version = rv.map(str::to_string);
+        cm
+    }
+
+    #[tokio::test]
+    async fn each_item_of_a_watch_is_what_it_tells_the_lifecycle() {
+        let read = |next| watch_item::<ConfigMap>(next, "s", "https://api:6443", Some("5"));
+        // A change brings the object and its resourceVersion; one without a resourceVersion
+        // keeps the watch's.
+        let added = read(Ok(Some(Ok(WatchEvent::Added(configmap_at(Some("7")))))));
+        assert_eq!(added.happened, Happened::Delivered { rv: "7".into() });
+        assert!(matches!(added.object, Some(Some(_))) && added.trouble.is_none());
+        let modified = read(Ok(Some(Ok(WatchEvent::Modified(configmap_at(None))))));
+        assert_eq!(modified.happened, Happened::Delivered { rv: "5".into() });
+        let deleted = read(Ok(Some(Ok(WatchEvent::Deleted(configmap_at(Some("9")))))));
+        assert_eq!(deleted.happened, Happened::Delivered { rv: "9".into() });
+        assert!(matches!(deleted.object, Some(None)));
+        // A bookmark moves the watch on and brings no object.
+        let bookmark: WatchEvent<ConfigMap> = serde_json::from_value(json!({
+            "type": "BOOKMARK",
+            "object": {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"resourceVersion": "12"}}
+        }))
+        .unwrap();
+        let marked = read(Ok(Some(Ok(bookmark))));
+        assert_eq!(marked.happened, Happened::Delivered { rv: "12".into() });
+        assert!(marked.object.is_none() && marked.trouble.is_none());
+        // The end, with what to say should it be a failure.
+        let ended = read(Ok(None));
+        assert_eq!(ended.happened, Happened::Ended);
+        assert_eq!(ended.trouble.unwrap().reason(), "watch_ended");
+        // An ERROR event: its Status says which failure.
+        let expired: WatchEvent<ConfigMap> = serde_json::from_value(json!({
+            "type": "ERROR",
+            "object": {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": "too old resource version: 5 (40)"}
+        }))
+        .unwrap();
+        let gone = read(Ok(Some(Ok(expired))));
+        assert_eq!(gone.happened, Happened::Failed(Failure::Expired));
+        assert_eq!(gone.trouble.unwrap().reason(), "expired");
+        let shed: WatchEvent<ConfigMap> = serde_json::from_value(json!({
+            "type": "ERROR",
+            "object": {"kind": "Status", "status": "Failure", "reason": "TooManyRequests", "code": 429, "details": {"retryAfterSeconds": 3}}
+        }))
+        .unwrap();
+        assert_eq!(
+            read(Ok(Some(Ok(shed)))).happened,
+            Happened::Failed(Failure::Answered {
+                retry_after: Some(Duration::from_secs(3))
+            })
+        );
+        // Silence: a failure the server answered (it took the watch and went quiet).
+        let silent = read(Err(silence().await));
+        assert_eq!(silent.happened, Happened::Failed(Failure::ANSWERED));
+        let why = silent.trouble.unwrap();
+        assert_eq!(why.reason(), "watch_silent");
+        assert!(why.to_string().contains("https://api:6443"), "{why}");
     }
 
     #[test]
