@@ -41,7 +41,7 @@ use tower::ServiceExt;
 
 use crate::credentials::Credentials;
 use crate::metrics;
-use crate::status::StatusRx;
+use crate::status::{Check, StatusRx};
 use crate::text::escape;
 pub use auth::Guard;
 use repeated::Repeated;
@@ -734,28 +734,31 @@ async fn ready(
         // while the file on disk is valid.
         let at = checks
             .iter()
-            .position(|(name, _)| name.starts_with("source:"))
+            .position(|c| c.name.starts_with("source:"))
             .unwrap_or(checks.len());
         checks.insert(
             at,
-            ("credentials".to_string(), credentials_problem(credentials)),
+            Check::shown("credentials".to_string(), credentials_problem(credentials)),
         );
     }
     // The reasons name files, the agent's identity and the API server's words: only a
     // client that may read /readyz by the rules of /metrics gets them; others get the
     // checks and "reason withheld", as the API server answers its anonymous callers.
     let peer = peer.map(|Extension(p)| p.chain).unwrap_or_default();
-    let detailed = checks.iter().all(|(_, problem)| problem.is_none())
+    let detailed = checks.iter().all(|c| c.problem.is_none())
         || app.guard.admit(&peer, &headers, "/readyz").await.is_ok();
     let mut body = String::new();
-    // Names and reasons carry outside text (paths, source specs, API errors).
-    for (name, problem) in checks {
-        match problem {
-            None => body.push_str(&format!("[+]{} ok\n", escape(&name))),
+    // Names and reasons carry outside text (paths, source specs, API errors). A failing
+    // check that does not count for readiness says so.
+    for check in checks {
+        let name = escape(&check.name);
+        let counted = if check.counted { "" } else { " (not counted)" };
+        match check.problem {
+            None => body.push_str(&format!("[+]{name} ok\n")),
             Some(why) if detailed => {
-                body.push_str(&format!("[-]{} failed: {}\n", escape(&name), escape(&why)))
+                body.push_str(&format!("[-]{name} failed: {}{counted}\n", escape(&why)))
             }
-            Some(_) => body.push_str(&format!("[-]{} failed: reason withheld\n", escape(&name))),
+            Some(_) => body.push_str(&format!("[-]{name} failed: reason withheld{counted}\n")),
         }
     }
     body.push_str(if ready {

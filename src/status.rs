@@ -62,6 +62,36 @@ pub struct Status {
     pub other_sources: Vec<SourceStatus>,
 }
 
+/// One line of `/readyz?verbose`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    /// `None` when it is ok, else why not.
+    pub problem: Option<String>,
+    /// Whether it counts for readiness.
+    pub counted: bool,
+}
+
+impl Check {
+    /// A check that counts for readiness.
+    pub fn counted(name: String, problem: Option<String>) -> Check {
+        Check {
+            name,
+            problem,
+            counted: true,
+        }
+    }
+
+    /// A check shown for the operator that never fails readiness.
+    pub fn shown(name: String, problem: Option<String>) -> Check {
+        Check {
+            name,
+            problem,
+            counted: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct SourceStatus {
     pub spec: String,
@@ -73,10 +103,13 @@ pub struct SourceStatus {
 }
 
 impl Status {
-    /// Ready: the file on disk is valid and not known to be out of sync. An unreachable
-    /// source does not make the agent unready while the file is valid (SPEC 6).
+    /// Ready: the file on disk is valid and not known to be out of sync. Readiness (and
+    /// systemd's `READY=1`) follows this file alone (SPEC 6): an unreachable source does not
+    /// make the agent unready while the file is valid, and another managed file (a `--manage`
+    /// file, a registry CA) never does: one bad registry entry must not hold every node's
+    /// agent unready and stall a rollout. Their checks show, marked as not counted.
     pub fn ready(&self) -> bool {
-        self.bundle_ready() && self.others.iter().all(Status::bundle_ready)
+        self.bundle_ready()
     }
 
     /// Every source the loop reads, each once (a source that feeds several files is one):
@@ -95,9 +128,8 @@ impl Status {
         std::iter::once(self).chain(self.others.iter())
     }
 
-    /// Ready as far as this file alone goes: what systemd's `READY=1` waits for, so that
-    /// another managed file never holds the kubelet back.
-    pub fn bundle_ready(&self) -> bool {
+    /// Ready as far as this file alone goes.
+    fn bundle_ready(&self) -> bool {
         self.nothing_to_keep || (self.file_valid && self.in_sync != Some(false))
     }
 
@@ -133,18 +165,22 @@ impl Status {
         ]
     }
 
-    /// The readiness checks, in order: (name, None if ok, else why not).
-    pub fn checks(&self) -> Vec<(String, Option<String>)> {
-        let mut checks: Vec<(String, Option<String>)> = self
+    /// The readiness checks, in order. Only the file's own validity and sync count for
+    /// readiness; every other check is shown for the operator and the alerts.
+    pub fn checks(&self) -> Vec<Check> {
+        let mut checks: Vec<Check> = self
             .file_checks()
             .into_iter()
-            .map(|(name, problem)| (name.to_string(), problem))
+            .map(|(name, problem)| Check::counted(name.to_string(), problem))
             .collect();
         if self.kind == TargetKind::File {
-            checks.push(("file-watch".to_string(), self.file_watch.clone()));
+            checks.push(Check::shown(
+                "file-watch".to_string(),
+                self.file_watch.clone(),
+            ));
         }
         if let Some(kubelet) = &self.kubelet {
-            checks.push((
+            checks.push(Check::shown(
                 "kubelet-uses-bundle".to_string(),
                 kubelet.problem(&self.bundle_path),
             ));
@@ -153,12 +189,19 @@ impl Status {
         // each.
         for other in &self.others {
             for (name, problem) in other.file_checks() {
-                checks.push((format!("{name}:{}", other.bundle_path), problem));
+                checks.push(Check::shown(
+                    format!("{name}:{}", other.bundle_path),
+                    problem,
+                ));
             }
         }
-        checks.extend(self.notes.iter().cloned());
+        checks.extend(
+            self.notes
+                .iter()
+                .map(|(name, problem)| Check::shown(name.clone(), problem.clone())),
+        );
         for source in self.all_sources() {
-            checks.push((
+            checks.push(Check::shown(
                 format!("source:{}", source.spec),
                 (!source.up).then(|| {
                     source
@@ -210,8 +253,8 @@ pub fn unix_now() -> f64 {
 mod tests {
     use super::*;
 
-    fn check<'a>(checks: &'a [(String, Option<String>)], name: &str) -> &'a Option<String> {
-        &checks.iter().find(|(n, _)| n == name).expect(name).1
+    fn check<'a>(checks: &'a [Check], name: &str) -> &'a Option<String> {
+        &checks.iter().find(|c| c.name == name).expect(name).problem
     }
 
     #[test]
@@ -248,7 +291,7 @@ mod tests {
             status
                 .checks()
                 .iter()
-                .all(|(n, _)| n != "kubelet-uses-bundle")
+                .all(|c| c.name != "kubelet-uses-bundle")
         );
         status.kubelet = Some(KubeletUse::Other {
             config: "/var/lib/kubelet/config.yaml".into(),
@@ -263,5 +306,67 @@ mod tests {
             config: "/var/lib/kubelet/config.yaml".into(),
         });
         assert_eq!(check(&status.checks(), "kubelet-uses-bundle"), &None);
+    }
+
+    #[test]
+    fn readiness_follows_the_bundle_alone_and_every_other_check_is_shown_not_counted() {
+        let ok = Status {
+            bundle_path: "/etc/kubernetes/kubelet-ca.crt".into(),
+            file_valid: true,
+            in_sync: Some(true),
+            ..Status::default()
+        };
+        let registry = Status {
+            bundle_path: "/etc/docker/certs.d/quay.io/ca.crt".into(),
+            file_valid: false,
+            file_problem: Some("a private key in its data".into()),
+            in_sync: Some(false),
+            ..Status::default()
+        };
+        let mut status = Status {
+            others: vec![registry],
+            notes: vec![(
+                "registries:/etc/docker/certs.d".into(),
+                Some("2 entries refused".into()),
+            )],
+            sources: vec![SourceStatus {
+                spec: "configmap:a/b".into(),
+                up: false,
+                problem: Some("connection refused".into()),
+                last_change: None,
+            }],
+            ..ok.clone()
+        };
+        assert!(
+            status.ready(),
+            "another file or a source held readiness back"
+        );
+        let checks = status.checks();
+        let counted: Vec<&str> = checks
+            .iter()
+            .filter(|c| c.counted)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(counted, ["bundle-valid", "in-sync"]);
+        let failing: Vec<&str> = checks
+            .iter()
+            .filter(|c| c.problem.is_some())
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            failing,
+            [
+                "bundle-valid:/etc/docker/certs.d/quay.io/ca.crt",
+                "in-sync:/etc/docker/certs.d/quay.io/ca.crt",
+                "registries:/etc/docker/certs.d",
+                "source:configmap:a/b"
+            ]
+        );
+        // The bundle's own state still counts.
+        status.in_sync = Some(false);
+        assert!(!status.ready());
+        status.in_sync = Some(true);
+        status.file_valid = false;
+        assert!(!status.ready());
     }
 }

@@ -590,7 +590,7 @@ impl Reconciler {
             ..bundle.status.clone()
         };
         self.notifier.status(&status.summary());
-        self.notifier.ready(status.bundle_ready());
+        self.notifier.ready(status.ready());
         self.status.send_replace(Arc::new(status));
     }
 }
