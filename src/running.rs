@@ -154,7 +154,7 @@ pub fn claim(state_dir: &Path, managed: &[PathBuf]) -> Result<Option<Held>, Usag
     let claim = Claim {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
-        started: crate::commands::rfc3339(time::OffsetDateTime::now_utc().unix_timestamp()),
+        started: crate::text::rfc3339(time::OffsetDateTime::now_utc().unix_timestamp()),
         managed: managed.iter().map(|p| ManagedPath::of(p)).collect(),
     };
     let mut text = serde_json::to_vec_pretty(&claim).expect("a claim serializes");

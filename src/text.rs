@@ -70,6 +70,11 @@ pub fn rfc3339(unix: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_is_utc() {
+        assert_eq!(rfc3339(1_798_761_600), "2027-01-01T00:00:00Z");
+    }
     use std::io::Write;
 
     #[test]

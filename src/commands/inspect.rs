@@ -10,10 +10,11 @@ use crate::bundle::Certificate;
 use crate::bundle::MAX_SOURCE_BYTES;
 use crate::bundle::parse::scan;
 use crate::cli::{InspectArgs, OutputFormat};
-use crate::commands::{human_span, print_out, rfc3339};
+use crate::commands::{human_span, print_out};
 use crate::error::{Exit, UsageError};
 use crate::fsutil::{Links, open_regular, read_bounded};
 use crate::text::escape;
+use crate::text::rfc3339;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -5,24 +5,7 @@ pub mod drift;
 pub mod inspect;
 pub mod sync;
 
-use crate::credentials::Origin;
 use crate::error::Exit;
-
-/// A client for a one-shot command (`sync`, `publish --once`), from credentials read once
-/// with the daemon's checks, and the server it talks to. Credentials that cannot be used end
-/// the command with exit 1 and one line: what is wrong, and what to do.
-pub fn one_shot_client(origin: &Origin) -> anyhow::Result<(kube::Client, String)> {
-    let loaded = crate::credentials::read_once(origin).map_err(|e| {
-        anyhow::anyhow!(
-            "no usable credentials for the API server: {}; fix them, or pass --kubeconfig with one that works (the file on disk was left as it was)",
-            e.problem
-        )
-    })?;
-    let server = loaded.server.clone();
-    let client = crate::credentials::client(loaded.config)
-        .map_err(|e| anyhow::anyhow!("cannot build a client for {server}: {e}"))?;
-    Ok((client, server))
-}
 
 pub fn version() -> anyhow::Result<Exit> {
     print_out(&format!("kubelet-ca-agent {}\n", env!("CARGO_PKG_VERSION")))?;
@@ -44,8 +27,6 @@ pub fn print_out(text: &str) -> anyhow::Result<()> {
         Ok(()) => Ok(()),
     }
 }
-
-pub use crate::text::rfc3339;
 
 /// A signed span of seconds for humans: `89d 3h`, `5h 2m`, `-2d 4h`.
 pub fn human_span(seconds: i64) -> String {
@@ -69,10 +50,5 @@ mod tests {
         assert_eq!(human_span(5 * 3600 + 120), "5h 2m");
         assert_eq!(human_span(59), "0m");
         assert_eq!(human_span(-(2 * 86400 + 4 * 3600)), "-2d 4h");
-    }
-
-    #[test]
-    fn rfc3339_is_utc() {
-        assert_eq!(rfc3339(1_798_761_600), "2027-01-01T00:00:00Z");
     }
 }

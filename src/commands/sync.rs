@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 
 use crate::bundle::{self, Bundle, SourceCertificates};
 use crate::cli::{CommonArgs, SyncArgs};
-use crate::commands::{print_out, rfc3339};
+use crate::commands::print_out;
 use crate::credentials::Origin;
 use crate::error::{Exit, UsageError};
 use crate::running::{self, ManagedPath};
@@ -24,6 +24,7 @@ use crate::source::{SourceSpec, cluster, local};
 use crate::state::Book;
 use crate::target::{Target, readable_certificates};
 use crate::text::escape;
+use crate::text::rfc3339;
 use crate::writer::OnDisk;
 
 pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
@@ -336,7 +337,7 @@ impl Cluster {
         // Building the client spawns its request buffer onto the runtime.
         let (client, server) = {
             let _inside = runtime.enter();
-            super::one_shot_client(&origin)?
+            crate::credentials::one_shot_client(&origin)?
         };
         Ok(Cluster(Some((runtime, client, server))))
     }

@@ -287,7 +287,7 @@ fn report(tx: &watch::Sender<Arc<Current>>, origin: &Origin, problem: String) {
 fn log_new(origin: &Origin, previous: &Current, held: &[HeldCertificate], server: &str) {
     let client = held.iter().find(|h| h.kind == "user");
     let subject = client.map(|h| h.certificate.display_name());
-    let not_after = client.map(|h| crate::commands::rfc3339(h.certificate.not_after));
+    let not_after = client.map(|h| crate::text::rfc3339(h.certificate.not_after));
     let cas = held.iter().filter(|h| h.kind == "cluster").count();
     if previous.client.is_none() {
         tracing::info!(
@@ -307,6 +307,22 @@ fn log_new(origin: &Origin, previous: &Current, held: &[HeldCertificate], server
             "credentials for the API server changed: new requests use them, watches resume from where they were"
         );
     }
+}
+
+/// A client for a one-shot command (`sync`, `publish --once`), from credentials read once
+/// with the daemon's checks, and the server it talks to. Credentials that cannot be used end
+/// the command with exit 1 and one line: what is wrong, and what to do.
+pub fn one_shot_client(origin: &Origin) -> anyhow::Result<(kube::Client, String)> {
+    let loaded = read_once(origin).map_err(|e| {
+        anyhow::anyhow!(
+            "no usable credentials for the API server: {}; fix them, or pass --kubeconfig with one that works (the file on disk was left as it was)",
+            e.problem
+        )
+    })?;
+    let server = loaded.server.clone();
+    let client = client(loaded.config)
+        .map_err(|e| anyhow::anyhow!("cannot build a client for {server}: {e}"))?;
+    Ok((client, server))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use super::reconciler::{
+use super::policy::{
     Action, BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE, Backoff, Facts, Seen, WRITE_RETRY_WAIT, decide,
 };
 use super::schedule::Schedule;

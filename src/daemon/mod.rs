@@ -8,6 +8,7 @@
 //! truth: that the loop does not answer.
 
 mod managed;
+mod policy;
 pub mod reconciler;
 pub(crate) mod registries;
 mod schedule;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use super::reconciler::{BOUNDARY_RECHECK_MAX, Backoff};
+use super::policy::{BOUNDARY_RECHECK_MAX, Backoff};
 use super::schedule::Schedule;
 use crate::bundle::{self, Fingerprint};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};

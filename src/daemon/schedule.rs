@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::reconciler::Backoff;
+use super::policy::Backoff;
 use crate::source::SourceSpec;
 
 /// A local source being written in place (changed, not yet closed) is read once the writer

@@ -58,7 +58,7 @@ pub fn run(args: PublishArgs) -> anyhow::Result<Exit> {
     let origin = Origin::resolve(args.kubeconfig.as_deref()).map_err(UsageError)?;
     crate::runtime::build()?.block_on(async {
         if args.once {
-            let (client, server) = crate::commands::one_shot_client(&origin)?;
+            let (client, server) = crate::credentials::one_shot_client(&origin)?;
             once(&args, client, &server).await
         } else {
             watch_and_publish(args, Credentials::follow(origin)).await

@@ -462,7 +462,7 @@ fn with_credentials_hint(error: SourceError, current: &Current) -> SourceError {
                 format!(
                     " (the client certificate in use, {}, expired at {}: the agent reads the credentials again and uses the new certificate as soon as it is on disk)",
                     current.client_certificate_origin.as_deref().unwrap_or("?"),
-                    crate::commands::rfc3339(cert.not_after)
+                    crate::text::rfc3339(cert.not_after)
                 )
             })
         }),
