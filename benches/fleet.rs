@@ -215,22 +215,22 @@ fn main() {
 }
 
 /// Waits until every agent holds `bundle` (its first write); returns how many said they run
-/// without inotify.
+/// without inotify (one instance each: past `fs.inotify.max_user_instances` they do).
 fn start_up(nodes: &[Node], bundle: &str, limit: Duration) -> usize {
     let deadline = Instant::now() + limit;
-    let mut pending: Vec<&Node> = nodes.iter().collect();
-    let mut without_inotify = 0;
+    let mut without_inotify = vec![false; nodes.len()];
+    let mut pending: Vec<usize> = (0..nodes.len()).collect();
     while !pending.is_empty() && Instant::now() < deadline {
-        pending.retain(|node| {
-            without_inotify += node
-                .agent
-                .lines
-                .try_iter()
-                .filter(|(_, line)| line.contains("cannot start inotify"))
-                .count();
-            !node.agent.holds(bundle)
-        });
+        pending.retain(|&i| !nodes[i].agent.holds(bundle));
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // What each said at start; the rest of its log is dropped by `settle`.
+    for (node, without) in nodes.iter().zip(&mut without_inotify) {
+        *without = node
+            .agent
+            .lines
+            .try_iter()
+            .any(|(_, line)| line.contains("cannot start inotify"));
     }
     if !pending.is_empty() {
         eprintln!(
@@ -239,7 +239,7 @@ fn start_up(nodes: &[Node], bundle: &str, limit: Duration) -> usize {
             nodes.len()
         );
     }
-    without_inotify
+    without_inotify.iter().filter(|w| **w).count()
 }
 
 /// Waits until every agent holds `bundle` and watches, then leaves them alone for
