@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::review::REVIEW_DEADLINE;
+/// A review not answered within this has failed (the kube client sets no read timeout of
+/// its own, and a scraper gives up after about 10 s anyway). Here, beneath the reviews,
+/// because what the breaker waits for a probe follows from it.
+pub const REVIEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long new questions are turned away after a review found the API server unreachable
 /// or silent, before one is let through as a probe: short, so that a server that is back

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use super::breaker::REVIEW_DEADLINE;
 use super::breaker::{Breaker, Heard, Ticket};
 use super::identity::Identity;
 use crate::credentials::Credentials;
@@ -34,9 +35,6 @@ use crate::text::escape;
 /// could not be made for want of credentials), is remembered. A review that found the API
 /// server unreachable or silent is not: the breaker answers for the server meanwhile.
 pub const FAILED_REVIEW_TTL: Duration = Duration::from_secs(10);
-/// A review not answered within this has failed (the kube client sets no read timeout of
-/// its own, and a scraper gives up after about 10 s anyway).
-pub const REVIEW_DEADLINE: Duration = Duration::from_secs(10);
 /// What "remembered for good" means to the cache: far past any process's life.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// At most this many answers are remembered; past it, expired ones are dropped first.
