@@ -183,6 +183,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_body_in_many_frames_is_read_whole_up_to_its_bound() {
+        // A proxy's page in many chunks: all of it, up to the bound, and no further.
+        for (frames, size, kept) in [(10, 1000, 10_000), (200, 1000, ERROR_BODY_MAX)] {
+            let chunks = (0..frames).map(move |_| {
+                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from(vec![
+                    b'x';
+                    size
+                ])))
+            });
+            let body =
+                http_body_util::StreamBody::new(futures::stream::iter(chunks)).map_err(never);
+            let answer = Response::builder()
+                .status(503)
+                .header(RETRY_AFTER, "2")
+                .body(Box::new(body) as Box<DynBody>)
+                .unwrap();
+            let (_, status) = status_of(answer).await;
+            let status = status.unwrap();
+            assert_eq!(status.message.len(), kept, "{frames} frames of {size}");
+            assert_eq!(status.details.unwrap().retry_after_seconds, 2);
+        }
+    }
+
+    #[tokio::test]
     async fn other_answers_pass_untouched() {
         for (code, header) in [
             (200, Some("5")),
