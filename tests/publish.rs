@@ -710,12 +710,17 @@ fn an_empty_cloud_ca_is_published_empty_and_a_node_keeps_its_files_from_the_conf
             && std::fs::read(ca("image-registry.openshift-image-registry.svc:5000"))
                 .is_ok_and(|b| b == cas.internal.pem().as_bytes())
     });
-    // Nothing to keep for the cloud CA: up, ready, and no file.
+    // Nothing to keep for the cloud CA: up, ready, and no file. (Readiness follows the
+    // bundle alone, so it is the source's line that tells when it has been read.)
+    let cloud_source = format!("source:configmap:{TO}/cloud-ca.pem");
     wait_until(5 * SECOND, || {
-        agent.get("/readyz").is_some_and(|(code, _)| code == 200)
+        agent
+            .get("/readyz?verbose")
+            .is_some_and(|(_, page)| check_line(&page, &cloud_source).starts_with("[+]"))
     });
-    let (_, ready) = agent.get("/readyz?verbose").unwrap();
-    let source = check_line(&ready, &format!("source:configmap:{TO}/cloud-ca.pem"));
+    let (code, ready) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200, "{ready}");
+    let source = check_line(&ready, &cloud_source);
     assert!(source.starts_with("[+]"), "{ready}");
     assert!(!cloud_file.exists());
     // The other keys of the ConfigMap are not registries.

@@ -924,67 +924,44 @@ async fn follow<K, T: Clone>(
                     }
                 }
             }
-            Action::Read { confirm_at } => {
-                let Some((events, generation)) = open.as_mut() else {
-                    // Nothing open to read (cannot happen): as if it had ended.
-                    let step = watch.step(
-                        Happened::Ended,
-                        tokio::time::Instant::now(),
-                        lifecycle::jitter(),
-                    );
-                    action = step.action;
-                    continue;
-                };
-                if *generation != creds.generation {
-                    // Credentials newer than the watch's (seen at the top of this turn,
-                    // perhaps while an event was being handled).
+            Action::Read { confirm_at } => match open.as_mut() {
+                // Nothing open to read (cannot happen): as if it had ended.
+                None => Happened::Ended,
+                // Credentials newer than the watch's (seen at the top of this turn, perhaps
+                // while an event was being handled).
+                Some((_, generation)) if *generation != creds.generation => {
                     Happened::NewCredentials
-                } else {
+                }
+                Some((events, generation)) => {
                     let heard_now = tokio::select! {
                         next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => Heard::Next(next),
                         () = sleep_until_some(*confirm_at) => Heard::Quiet,
                         () = credentials.changed() => Heard::Credentials,
                     };
-                    let next = match heard_now {
-                        Heard::Next(next) => next,
-                        Heard::Quiet => {
-                            let step = watch.step(
-                                Happened::StayedOpen,
-                                tokio::time::Instant::now(),
-                                lifecycle::jitter(),
-                            );
-                            if step.report == Report::Up {
-                                tell(&current, Instant::now());
-                            }
-                            action = step.action;
-                            continue;
-                        }
+                    match heard_now {
+                        Heard::Quiet => Happened::StayedOpen,
                         Heard::Credentials => {
                             // Resume with them if they are usable and new.
                             let now = credentials.current();
-                            if now.client.is_some() && now.generation != *generation {
-                                let step = watch.step(
-                                    Happened::NewCredentials,
-                                    tokio::time::Instant::now(),
-                                    lifecycle::jitter(),
-                                );
-                                open = None;
-                                action = step.action;
+                            if now.client.is_none() || now.generation == *generation {
+                                continue;
                             }
-                            continue;
+                            Happened::NewCredentials
                         }
-                    };
-                    let arrived = Instant::now();
-                    heard = tokio::time::Instant::now();
-                    let read = watch_item(next, spec, server, watch.rv());
-                    trouble = read.trouble;
-                    if let Some(object) = read.object {
-                        current = seen(object, arrived);
-                        told = true;
+                        Heard::Next(next) => {
+                            let arrived = Instant::now();
+                            heard = tokio::time::Instant::now();
+                            let read = watch_item(next, spec, server, watch.rv());
+                            trouble = read.trouble;
+                            if let Some(object) = read.object {
+                                current = seen(object, arrived);
+                                told = true;
+                            }
+                            read.happened
+                        }
                     }
-                    read.happened
                 }
-            }
+            },
             Action::Wait { until } => {
                 // New credentials end the wait: they are likely what the failure was
                 // waiting for.
