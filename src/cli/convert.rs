@@ -260,3 +260,81 @@ fn check_publish(args: &PublishArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Command {
+        Cli::try_parse_from(std::iter::once("kubelet-ca-agent").chain(args.iter().copied()))
+            .unwrap()
+            .command
+    }
+
+    #[test]
+    fn publish_once_serves_nothing_so_its_endpoint_flags_are_not_checked() {
+        let to = "--to=ns/name";
+        let Command::Publish(once) = parse(&["publish", to, "--once", "--listen=0.0.0.0:9745"])
+        else {
+            unreachable!()
+        };
+        assert!(config::Publish::try_from(&*once).unwrap().server.is_none());
+        let Command::Publish(watching) = parse(&["publish", to, "--listen=0.0.0.0:9745"]) else {
+            unreachable!()
+        };
+        let refused = config::Publish::try_from(&*watching).unwrap_err();
+        assert!(refused.0.contains("is not a loopback address"), "{refused}");
+    }
+
+    #[test]
+    fn run_checks_the_endpoint_before_the_managed_files() {
+        let Command::Run(args) = parse(&[
+            "run",
+            "--listen=0.0.0.0:9745",
+            "--manage=/etc/kubernetes/kubelet-ca.crt=file:/run/ca.pem",
+        ]) else {
+            unreachable!()
+        };
+        let refused = config::Run::try_from(&*args).unwrap_err();
+        assert!(refused.0.contains("is not a loopback address"), "{refused}");
+        let Command::Run(args) = parse(&[
+            "run",
+            "--manage=/etc/kubernetes/kubelet-ca.crt=file:/run/ca.pem",
+        ]) else {
+            unreachable!()
+        };
+        let refused = config::Run::try_from(&*args).unwrap_err();
+        assert!(
+            refused.0.contains("already managed (--bundle)"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn an_empty_node_name_is_this_hosts_name() {
+        assert_eq!(node_name(Some("node-1")).as_deref(), Some("node-1"));
+        assert_eq!(node_name(Some("")), host_name());
+        assert_eq!(node_name(None), host_name());
+    }
+
+    #[test]
+    fn the_tls_version_and_the_values_are_carried_over() {
+        let Command::Run(args) = parse(&[
+            "run",
+            "--tls-min-version=1.3",
+            "--retain-removed=2d",
+            "--file-mode=0600",
+            "--node-name=node-1",
+        ]) else {
+            unreachable!()
+        };
+        let run = config::Run::try_from(&*args).unwrap();
+        assert_eq!(run.server.tls_min_version, config::TlsVersion::V1_3);
+        assert_eq!(run.server.node_name.as_deref(), Some("node-1"));
+        assert_eq!(run.common.retain_removed.as_secs(), 2 * 86400);
+        assert_eq!(run.common.file_mode, 0o600);
+    }
+}

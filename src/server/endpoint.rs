@@ -29,8 +29,9 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Checks the flags, listens on `--listen` and serves `/metrics` and the health paths
-    /// from `status`. A port in use or an unusable TLS file is a configuration error.
+    /// Listens on `--listen` and serves `/metrics` and the health paths from `status` (the
+    /// flags were checked when `server` was made). A port in use or an unusable TLS file is
+    /// a configuration error.
     ///
     /// `bundle` is the managed file when there is one (`run`): a `--client-ca-file` naming
     /// it is reloaded right after each of the loop's own writes.
