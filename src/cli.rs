@@ -10,7 +10,6 @@ use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{ConfigMapRef, ExecCommand, ManageSpec, RegistriesSpec};
-use crate::logging::LogFormat;
 use crate::source::SourceSpec;
 
 #[derive(Debug, Parser)]
@@ -90,6 +89,13 @@ pub enum Command {
     Drift(DriftCommand),
     /// Print the version.
     Version,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The logging flags, under a heading of their own in every command's help: they are

@@ -54,7 +54,7 @@ pub fn run() -> anyhow::Result<Exit> {
         }
         Err(e) => return Err(e),
     };
-    logging::init(cli.log.log_format, &cli.log.log_level)?;
+    logging::init(cli.log.log_format.into(), &cli.log.log_level)?;
     match cli.command {
         Command::Run(args) => daemon::run(config::Run::try_from(&*args)?),
         Command::Publish(args) => publish::run(config::Publish::try_from(&*args)?),

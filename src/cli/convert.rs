@@ -4,10 +4,21 @@
 
 use std::path::PathBuf;
 
-use super::{CommonArgs, PublishArgs, RunArgs, ServerArgs, SyncArgs, TlsVersion, host_name};
+use super::{
+    CommonArgs, LogFormat, PublishArgs, RunArgs, ServerArgs, SyncArgs, TlsVersion, host_name,
+};
 use crate::config;
 use crate::error::UsageError;
 use crate::source::SourceSpec;
+
+impl From<LogFormat> for crate::logging::LogFormat {
+    fn from(format: LogFormat) -> Self {
+        match format {
+            LogFormat::Text => crate::logging::LogFormat::Text,
+            LogFormat::Json => crate::logging::LogFormat::Json,
+        }
+    }
+}
 
 impl TryFrom<&RunArgs> for config::Run {
     type Error = UsageError;
