@@ -1,5 +1,6 @@
 //! The command line (SPEC 3). Every flag can also be set as `KUBELET_CA_AGENT_<FLAG>`.
 
+pub mod convert;
 pub mod environment;
 
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::logging::LogFormat;
+use crate::config::{ConfigMapRef, ExecCommand, ManageSpec, RegistriesSpec};
 use crate::source::SourceSpec;
 
 #[derive(Debug, Parser)]
@@ -88,6 +89,13 @@ pub enum Command {
     Drift(DriftCommand),
     /// Print the version.
     Version,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The logging flags, under a heading of their own in every command's help: they are
@@ -197,19 +205,6 @@ pub struct CommonArgs {
     pub manage_registries: Vec<RegistriesSpec>,
 }
 
-/// One `--manage-registries` set: its directory, and its entry sources in priority order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RegistriesSpec {
-    pub dir: PathBuf,
-    pub sources: Vec<SourceSpec>,
-}
-
-impl std::fmt::Display for RegistriesSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write_path_sources(f, &self.dir, &self.sources)
-    }
-}
-
 fn parse_manage_registries(s: &str) -> Result<RegistriesSpec, String> {
     let registry_source = |spec: &str| {
         let parsed: SourceSpec = spec
@@ -258,29 +253,6 @@ fn parse_path_sources(
     Ok((PathBuf::from(path), sources))
 }
 
-/// `PATH=SPEC,SPEC`, as the flags take it.
-fn write_path_sources(
-    f: &mut std::fmt::Formatter<'_>,
-    path: &std::path::Path,
-    sources: &[SourceSpec],
-) -> std::fmt::Result {
-    let sources: Vec<String> = sources.iter().map(ToString::to_string).collect();
-    write!(f, "{}={}", path.display(), sources.join(","))
-}
-
-/// One `--manage` file: where it is, and its sources in priority order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ManageSpec {
-    pub path: PathBuf,
-    pub sources: Vec<SourceSpec>,
-}
-
-impl std::fmt::Display for ManageSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write_path_sources(f, &self.path, &self.sources)
-    }
-}
-
 fn parse_manage(s: &str) -> Result<ManageSpec, String> {
     let (path, sources) = parse_path_sources(
         s,
@@ -290,100 +262,6 @@ fn parse_manage(s: &str) -> Result<ManageSpec, String> {
         parse_source_spec,
     )?;
     Ok(ManageSpec { path, sources })
-}
-
-impl CommonArgs {
-    /// Every managed file's sources, the bundle's first, then each `--manage` file's in
-    /// order: the positions source updates and file events carry.
-    pub fn all_sources(&self) -> Vec<SourceSpec> {
-        self.sources
-            .iter()
-            .chain(self.manage.iter().flat_map(|m| m.sources.iter()))
-            .chain(self.manage_registries.iter().flat_map(|r| r.sources.iter()))
-            .cloned()
-            .collect()
-    }
-
-    /// How many of [`CommonArgs::all_sources`] are sources of files (the bundle's and the
-    /// `--manage` files'); the registry sets' come after them.
-    pub fn file_sources(&self) -> usize {
-        self.sources.len() + self.manage.iter().map(|m| m.sources.len()).sum::<usize>()
-    }
-
-    /// The path of every managed file: the bundle, then each `--manage` file.
-    pub fn managed_paths(&self) -> Vec<PathBuf> {
-        std::iter::once(self.bundle.clone())
-            .chain(self.manage.iter().map(|m| m.path.clone()))
-            .collect()
-    }
-
-    /// Two managed files at one path (the bundle, or another `--manage` file) would each
-    /// put back the other's content: refused at start.
-    pub fn check_managed_paths(&self) -> Result<(), String> {
-        let absolute =
-            |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        let mut seen = vec![(absolute(&self.bundle), "--bundle".to_string())];
-        for manage in &self.manage {
-            let path = absolute(&manage.path);
-            if let Some((_, first)) = seen.iter().find(|(p, _)| *p == path) {
-                return Err(format!(
-                    "--manage {}: that file is already managed ({first}); each file can have one set of sources",
-                    manage.path.display()
-                ));
-            }
-            seen.push((path, format!("--manage {}", manage.path.display())));
-        }
-        let mut roots: Vec<PathBuf> = Vec::new();
-        for set in &self.manage_registries {
-            let dir = absolute(&set.dir);
-            let flag = format!("--manage-registries {}", set.dir.display());
-            if let Some(other) = roots
-                .iter()
-                .find(|r| dir.starts_with(r) || r.starts_with(&dir))
-            {
-                return Err(format!(
-                    "{flag}: it overlaps the registry directory {} of another --manage-registries; each directory can have one set of sources",
-                    other.display()
-                ));
-            }
-            if let Some((_, file)) = seen.iter().find(|(p, _)| p.starts_with(&dir)) {
-                return Err(format!(
-                    "{flag}: {file} is a file under it; a managed file cannot live in a registry directory"
-                ));
-            }
-            roots.push(dir);
-        }
-        let file_specs: Vec<&SourceSpec> = self
-            .sources
-            .iter()
-            .chain(self.manage.iter().flat_map(|m| m.sources.iter()))
-            .collect();
-        for set in &self.manage_registries {
-            if let Some(spec) = set.sources.iter().find(|s| file_specs.contains(s)) {
-                return Err(format!(
-                    "--manage-registries {}: {spec} is also a source of a file; a source is read either as one bundle or as a registry list, not both",
-                    set.dir.display()
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The directory of every registry set, as given.
-    pub fn registry_dirs(&self) -> Vec<PathBuf> {
-        self.manage_registries
-            .iter()
-            .map(|r| r.dir.clone())
-            .collect()
-    }
-
-    /// The merge policy these flags ask for.
-    pub fn policy(&self) -> crate::bundle::Policy {
-        crate::bundle::Policy {
-            retain_removed: self.retain_removed.as_secs().try_into().unwrap_or(i64::MAX),
-            drop_expired: self.drop_expired,
-        }
-    }
 }
 
 #[derive(Debug, Args)]
@@ -490,18 +368,6 @@ pub struct ServerArgs {
     pub node_name: Option<String>,
 }
 
-impl ServerArgs {
-    /// Fills in `--node-name` when it was not given (or given empty, as an EnvironmentFile
-    /// line `KUBELET_CA_AGENT_NODE_NAME=` does): this host's name, which is the node's
-    /// name on a node and, with host networking, in its pod. A systemd EnvironmentFile
-    /// cannot say `$(hostname)`.
-    pub fn default_node_name(&mut self) {
-        if self.node_name.as_deref().is_none_or(str::is_empty) {
-            self.node_name = host_name();
-        }
-    }
-}
-
 /// This host's name (the kernel's nodename, which `gethostname(2)` returns), if it has one.
 pub fn host_name() -> Option<String> {
     let uts = nix::sys::utsname::uname().ok()?;
@@ -574,52 +440,6 @@ pub struct PublishArgs {
     pub drop_expired: bool,
     #[command(flatten)]
     pub server: ServerArgs,
-}
-
-impl PublishArgs {
-    /// Flags that parse one by one but not together: the bundle's key where another key
-    /// goes, or a source read both as a bundle and as a registry list.
-    pub fn check(&self) -> Result<(), String> {
-        let key = &self.to.key;
-        if !self.cloud_ca_sources.is_empty() && key == crate::publish::keys::CLOUD_CA_KEY {
-            return Err(format!(
-                "--to {}/{}/{key}: that key holds the cloud CA (--cloud-ca-source); put the bundle in another key",
-                self.to.namespace, self.to.name
-            ));
-        }
-        if !self.registry_sources.is_empty()
-            && key.starts_with(crate::publish::keys::REGISTRY_KEY_PREFIX)
-        {
-            return Err(format!(
-                "--to {}/{}/{key}: the keys {}* hold the registry CAs (--registry-source); put the bundle in another key",
-                self.to.namespace,
-                self.to.name,
-                crate::publish::keys::REGISTRY_KEY_PREFIX
-            ));
-        }
-        let bundles: Vec<&SourceSpec> = self.sources.iter().chain(&self.cloud_ca_sources).collect();
-        if let Some(spec) = self.registry_sources.iter().find(|s| bundles.contains(s)) {
-            return Err(format!(
-                "--registry-source {spec} is also a source of a bundle (--source or --cloud-ca-source); a source is read either as one bundle or as a registry list, not both"
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// `--to`: a key of a ConfigMap.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigMapRef {
-    pub namespace: String,
-    pub name: String,
-    pub key: String,
-}
-
-impl std::fmt::Display for ConfigMapRef {
-    /// As a source spec would name it: the `filepath` label of the publisher's metrics.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "configmap:{}/{}/{}", self.namespace, self.name, self.key)
-    }
 }
 
 fn parse_configmap_ref(s: &str) -> Result<ConfigMapRef, String> {
@@ -923,10 +743,6 @@ fn parse_file_mode(s: &str) -> Result<u32, String> {
     }
     Ok(mode)
 }
-
-/// `--exec-on-change`, split into program and arguments.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecCommand(pub Vec<String>);
 
 fn parse_command(s: &str) -> Result<ExecCommand, String> {
     let words =

@@ -6,6 +6,7 @@
 pub mod bundle;
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod credentials;
 pub mod daemon;
 pub mod error;
@@ -53,17 +54,11 @@ pub fn run() -> anyhow::Result<Exit> {
         }
         Err(e) => return Err(e),
     };
-    logging::init(cli.log.log_format, &cli.log.log_level)?;
+    logging::init(cli.log.log_format.into(), &cli.log.log_level)?;
     match cli.command {
-        Command::Run(mut args) => {
-            args.server.default_node_name();
-            daemon::run(*args)
-        }
-        Command::Publish(mut args) => {
-            args.server.default_node_name();
-            publish::run(*args)
-        }
-        Command::Sync(args) => commands::sync::run(args),
+        Command::Run(args) => daemon::run(config::Run::try_from(&*args)?),
+        Command::Publish(args) => publish::run(config::Publish::try_from(&*args)?),
+        Command::Sync(args) => commands::sync::run(config::Sync::try_from(&args)?),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Drift(command) => commands::drift::run(command),
         Command::Version => commands::version(),

@@ -1,13 +1,13 @@
 //! Logs go to stderr through `tracing`, as text or JSON. `RUST_LOG`, when set, wins over
 //! `--log-level` so that one noisy module can be turned up without touching the unit file.
 
-use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
 use crate::error::UsageError;
 use crate::text::EscapingWriter;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
     Json,

@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 
 use crate::bundle::parse::scan;
 use crate::bundle::{self, Built, Certificate, Fingerprint, Remembered};
-use crate::cli::CommonArgs;
+use crate::config;
 use crate::state::{Book, StateDir};
 use crate::writer::{BundleWriter, History, OnDisk, Outcome, WriteError};
 
@@ -174,7 +174,7 @@ pub struct Applied {
 
 impl Target {
     /// The bundle's target, which writes its records before `apply` returns.
-    pub fn new(common: &CommonArgs) -> Self {
+    pub fn new(common: &config::Common) -> Self {
         let book = Book::open(&common.state_dir, &common.managed_paths());
         Target::for_file(common, &common.bundle, book)
     }
@@ -183,7 +183,7 @@ impl Target {
     /// entry of `managed-files.json` kept in `book`. The bundle's history and retention
     /// memory are in the state directory itself; another file's in a directory of its own
     /// under `<state-dir>/files/` ([`file_state_dir`]).
-    pub fn for_file(common: &CommonArgs, path: &Path, book: Book) -> Self {
+    pub fn for_file(common: &config::Common, path: &Path, book: Book) -> Self {
         let state_dir = if path == common.bundle {
             common.state_dir.clone()
         } else {
@@ -644,26 +644,13 @@ mod records_tests {
     /// A target as `sync` makes it, over `dir/kubelet-ca.crt` and `dir/state`, with its
     /// records on their own thread (a record that fails panics the test).
     fn background_target(dir: &Path) -> Target {
-        use clap::Parser;
-
-        use crate::cli::{Cli, Command};
-
         let state = dir.join("state");
         fs::create_dir(&state).unwrap();
         let bundle = dir.join("kubelet-ca.crt");
-        let cli = Cli::try_parse_from([
-            "kubelet-ca-agent".as_ref(),
-            "sync".as_ref(),
-            "--bundle".as_ref(),
-            bundle.as_os_str(),
-            "--state-dir".as_ref(),
-            state.as_os_str(),
-        ])
-        .unwrap();
-        let Command::Sync(args) = cli.command else {
-            unreachable!()
-        };
-        Target::new(&args.common).with_background_records(|kind| {
+        let default_source = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+        let common =
+            config::Common::for_tests(&bundle, &state, vec![default_source.parse().unwrap()]);
+        Target::new(&common).with_background_records(|kind| {
             panic!("a {kind} record failed");
         })
     }

@@ -15,8 +15,8 @@ use anyhow::Context;
 use time::OffsetDateTime;
 
 use crate::bundle::{self, Bundle, SourceCertificates};
-use crate::cli::{CommonArgs, SyncArgs};
 use crate::commands::print_out;
+use crate::config::{self, RegistriesSpec};
 use crate::credentials::Origin;
 use crate::error::{Exit, UsageError};
 use crate::running::{self, ManagedPath};
@@ -27,12 +27,8 @@ use crate::text::escape;
 use crate::text::rfc3339;
 use crate::writer::OnDisk;
 
-pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
+pub fn run(args: config::Sync) -> anyhow::Result<Exit> {
     let common = &args.common;
-    common.check_managed_paths().map_err(UsageError)?;
-    if let Some(command) = &common.exec_on_change {
-        crate::exec::check(&command.0).map_err(UsageError)?;
-    }
     // Every file, the bundle first: (path, sources, whether it is the bundle).
     let files: Vec<(&Path, &[SourceSpec], bool)> =
         std::iter::once((common.bundle.as_path(), common.sources.as_slice(), true))
@@ -87,9 +83,9 @@ pub fn run(args: SyncArgs) -> anyhow::Result<Exit> {
 /// the same record. A registry whose entry is refused, or whose file cannot be written, is
 /// left as it was and makes the run exit 1; the others are synced.
 fn sync_registries(
-    args: &SyncArgs,
+    args: &config::Sync,
     cluster: &Cluster,
-    set: &crate::cli::RegistriesSpec,
+    set: &RegistriesSpec,
     book: &Book,
 ) -> anyhow::Result<()> {
     use crate::daemon::registries::RegistrySet;
@@ -164,7 +160,7 @@ fn sync_registries(
 
 /// Syncs one managed file from `specs` (a dry run prints its plan instead).
 fn sync_file(
-    args: &SyncArgs,
+    args: &config::Sync,
     cluster: &Cluster,
     target: &Target,
     specs: &[SourceSpec],
@@ -274,7 +270,7 @@ impl Blocked {
 
 /// A directory that is not there (the write would fail; the daemon refuses to start on
 /// it too), or an agent that manages the bundle (unless `--force`).
-fn blocked(args: &SyncArgs, path: &Path, is_bundle: bool) -> Option<Blocked> {
+fn blocked(args: &config::Sync, path: &Path, is_bundle: bool) -> Option<Blocked> {
     let common = &args.common;
     let bundle = escape(&path.display().to_string()).into_owned();
     let dir = crate::writer::atomic::parent_dir(path);
@@ -325,7 +321,7 @@ fn blocked(args: &SyncArgs, path: &Path, is_bundle: bool) -> Option<Blocked> {
 struct Cluster(Option<(tokio::runtime::Runtime, kube::Client, String)>);
 
 impl Cluster {
-    fn connect(common: &CommonArgs) -> anyhow::Result<Cluster> {
+    fn connect(common: &config::Common) -> anyhow::Result<Cluster> {
         if !common.all_sources().iter().any(SourceSpec::is_cluster) {
             return Ok(Cluster(None));
         }

@@ -19,7 +19,7 @@ use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
-use crate::cli::RunArgs;
+use crate::config;
 use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
 use crate::files;
@@ -31,12 +31,7 @@ use crate::source::cluster;
 use reconciler::{Inputs, Reconciler};
 use registries::RegistryUpdate;
 
-pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
-    crate::server::endpoint::check_listen(&args.server)?;
-    args.common.check_managed_paths().map_err(UsageError)?;
-    if let Some(command) = &args.common.exec_on_change {
-        crate::exec::check(&command.0).map_err(UsageError)?;
-    }
+pub fn run(args: config::Run) -> anyhow::Result<Exit> {
     // Held until the agent exits: a hand-run `sync` sees it and refuses to write a file
     // this agent would put back.
     let mut claimed = args.common.managed_paths();
@@ -45,7 +40,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<Exit> {
     crate::runtime::build()?.block_on(run_async(args))
 }
 
-async fn run_async(args: RunArgs) -> anyhow::Result<Exit> {
+async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
     let node = args.server.node_name.clone();
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),

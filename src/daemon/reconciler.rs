@@ -18,7 +18,7 @@ use super::managed::Managed;
 use super::policy::{BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE};
 use super::registries::{RegistrySet, RegistryUpdate};
 use super::schedule::Schedule;
-use crate::cli::CommonArgs;
+use crate::config;
 use crate::exec::Hooks;
 use crate::files::FsEvent;
 use crate::kubelet_config;
@@ -77,7 +77,7 @@ pub struct Reconciler {
 
 impl Reconciler {
     pub fn new(
-        common: &CommonArgs,
+        common: &config::Common,
         metrics: Arc<Metrics>,
         status: watch::Sender<Arc<Status>>,
     ) -> Self {
@@ -434,14 +434,12 @@ impl Reconciler {
 
 #[cfg(test)]
 mod loop_tests {
-    use clap::Parser;
     use tokio::signal::unix::{SignalKind, signal};
 
     use time::OffsetDateTime;
 
     use super::*;
     use crate::bundle::test_certs;
-    use crate::cli::{Cli, Command};
 
     /// A reconciler over one `file:` source holding `source` (None: a FIFO, which is never
     /// opened: an unreadable source), with its bundle in `dir`.
@@ -456,22 +454,13 @@ mod loop_tests {
                 nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
             }
         }
-        let cli = Cli::try_parse_from([
-            "kubelet-ca-agent".to_string(),
-            "run".to_string(),
-            format!("--source=file:{}", path.display()),
-            format!("--bundle={}", dir.join("kubelet-ca.crt").display()),
-            format!("--state-dir={}", dir.join("state").display()),
-        ])
-        .unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("parsed as another command");
-        };
+        let common = config::Common::for_tests(
+            &dir.join("kubelet-ca.crt"),
+            &dir.join("state"),
+            vec![format!("file:{}", path.display()).parse().unwrap()],
+        );
         let (status, status_rx) = watch::channel(Arc::default());
-        (
-            Reconciler::new(&args.common, Arc::default(), status),
-            status_rx,
-        )
+        (Reconciler::new(&common, Arc::default(), status), status_rx)
     }
 
     /// The re-verification reads every local source again, of every managed file, whatever
@@ -488,27 +477,20 @@ mod loop_tests {
         let (bundle_source, cloud_source) = (dir.path().join("a.pem"), dir.path().join("b.pem"));
         std::fs::write(&bundle_source, pem("a")).unwrap();
         std::fs::write(&cloud_source, pem("b")).unwrap();
-        let cli = Cli::try_parse_from([
-            "kubelet-ca-agent".to_string(),
-            "run".to_string(),
-            format!(
-                "--source=file:{},configmap:ns/name",
-                bundle_source.display()
-            ),
-            format!(
-                "--manage={}=file:{}",
-                dir.path().join("cloud.pem").display(),
-                cloud_source.display()
-            ),
-            format!("--bundle={}", dir.path().join("kubelet-ca.crt").display()),
-            format!("--state-dir={}", dir.path().join("state").display()),
-        ])
-        .unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("parsed as another command");
-        };
+        let mut common = config::Common::for_tests(
+            &dir.path().join("kubelet-ca.crt"),
+            &dir.path().join("state"),
+            vec![
+                format!("file:{}", bundle_source.display()).parse().unwrap(),
+                "configmap:ns/name".parse().unwrap(),
+            ],
+        );
+        common.manage = vec![config::ManageSpec {
+            path: dir.path().join("cloud.pem"),
+            sources: vec![format!("file:{}", cloud_source.display()).parse().unwrap()],
+        }];
         let (status, _status_rx) = watch::channel(Arc::default());
-        let mut reconciler = Reconciler::new(&args.common, Arc::default(), status);
+        let mut reconciler = Reconciler::new(&common, Arc::default(), status);
         reconciler.start();
         let content = |r: &Reconciler, file: usize, slot: usize| {
             r.files[file].slots[slot]

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::{Value, json};
 
 use crate::bundle::Fingerprint;
-use crate::cli::ConfigMapRef;
+use crate::config::ConfigMapRef;
 
 /// The field manager of every apply: one for every replica, so that two publishers share
 /// ownership of the fields and an apply of the same bundle by the second is a no-op.

@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
 use crate::bundle::{self, Certificate, Fingerprint, Policy, SourceCertificates};
-use crate::cli::{ConfigMapRef, PublishArgs};
+use crate::config::{ConfigMapRef, Publish, Server};
 use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceReasonLabels};
@@ -50,18 +50,15 @@ const AWAIT_OWN_WRITE: Duration = Duration::from_secs(5);
 /// Certificate boundaries are re-checked at least this often, in case the clock jumps.
 const BOUNDARY_RECHECK_MAX: Duration = Duration::from_secs(3600);
 
-pub fn run(args: PublishArgs) -> anyhow::Result<Exit> {
-    args.check().map_err(UsageError)?;
-    if !args.once {
-        server::endpoint::check_listen(&args.server)?;
-    }
+pub fn run(mut args: Publish) -> anyhow::Result<Exit> {
     let origin = Origin::resolve(args.kubeconfig.as_deref()).map_err(UsageError)?;
     crate::runtime::build()?.block_on(async {
-        if args.once {
-            let (client, server) = crate::credentials::one_shot_client(&origin)?;
-            once(&args, client, &server).await
-        } else {
-            watch_and_publish(args, Credentials::follow(origin)).await
+        match args.server.take() {
+            None => {
+                let (client, server) = crate::credentials::one_shot_client(&origin)?;
+                once(&args, client, &server).await
+            }
+            Some(endpoint) => watch_and_publish(args, endpoint, Credentials::follow(origin)).await,
         }
     })
 }
@@ -77,7 +74,7 @@ fn source_list(sources: &[SourceSpec]) -> String {
 
 /// The annotations that name the sources, beside the SHA-256 ones: the bundle's always, the
 /// other keys' when they are kept.
-fn source_annotations(args: &PublishArgs) -> Vec<(&'static str, String)> {
+fn source_annotations(args: &Publish) -> Vec<(&'static str, String)> {
     let mut annotations = vec![(configmap::SOURCES_ANNOTATION, source_list(&args.sources))];
     if !args.cloud_ca_sources.is_empty() {
         annotations.push((
@@ -96,7 +93,7 @@ fn source_annotations(args: &PublishArgs) -> Vec<(&'static str, String)> {
 
 /// Every source, in the order updates name them: the bundle's, the cloud CA's, then the
 /// registry CAs'.
-fn all_sources(args: &PublishArgs) -> Vec<SourceSpec> {
+fn all_sources(args: &Publish) -> Vec<SourceSpec> {
     args.sources
         .iter()
         .chain(&args.cloud_ca_sources)
@@ -114,9 +111,9 @@ enum Content {
 }
 
 /// How each source's content is read: the flags never let one spec be both a bundle's
-/// source and a registry source ([`PublishArgs::check`]).
+/// source and a registry source (the configuration refuses it).
 fn content_of(
-    args: &PublishArgs,
+    args: &Publish,
 ) -> impl Fn(&SourceSpec, Raw<'_>) -> Result<Content, SourceError> + Send + Sync + 'static {
     let registry_specs: std::collections::HashSet<SourceSpec> =
         args.registry_sources.iter().cloned().collect();
@@ -129,7 +126,7 @@ fn content_of(
     }
 }
 
-fn policy(args: &PublishArgs) -> Policy {
+fn policy(args: &Publish) -> Policy {
     Policy {
         retain_removed: 0,
         drop_expired: args.drop_expired,
@@ -147,7 +144,7 @@ fn no_answer(what: &str, server: &str) -> anyhow::Error {
 /// it does not hold the publication already. A source of the bundle that fails leaves the
 /// ConfigMap as it was; one of another key leaves that key as it is, the rest is published,
 /// and the run exits 1.
-async fn once(args: &PublishArgs, client: kube::Client, server: &str) -> anyhow::Result<Exit> {
+async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Result<Exit> {
     let to = &args.to;
     let specs = all_sources(args);
     let (bundles, clouds) = (args.sources.len(), args.cloud_ca_sources.len());
@@ -400,7 +397,11 @@ enum Input {
     Applied(Box<Applied>),
 }
 
-async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyhow::Result<Exit> {
+async fn watch_and_publish(
+    args: Publish,
+    endpoint: Server,
+    credentials: Credentials,
+) -> anyhow::Result<Exit> {
     let to = args.to.clone();
     let label = to.to_string();
     tracing::info!(
@@ -425,7 +426,7 @@ async fn watch_and_publish(args: PublishArgs, credentials: Credentials) -> anyho
     }));
     let (liveness, pongs) = server::liveness();
     let endpoint = Endpoint::start(
-        &args.server,
+        &endpoint,
         None,
         Some(&credentials),
         metrics.clone(),

@@ -15,7 +15,7 @@ use super::Liveness;
 use super::auth::Authorization;
 use super::review;
 use super::tls::{self, Tls};
-use crate::cli::ServerArgs;
+use crate::config;
 use crate::credentials::Credentials;
 use crate::error::UsageError;
 use crate::metrics::{self, Metrics};
@@ -29,20 +29,20 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Checks the flags, listens on `--listen` and serves `/metrics` and the health paths
-    /// from `status`. A port in use or an unusable TLS file is a configuration error.
+    /// Listens on `--listen` and serves `/metrics` and the health paths from `status` (the
+    /// flags were checked when `server` was made). A port in use or an unusable TLS file is
+    /// a configuration error.
     ///
     /// `bundle` is the managed file when there is one (`run`): a `--client-ca-file` naming
     /// it is reloaded right after each of the loop's own writes.
     pub async fn start(
-        server: &ServerArgs,
+        server: &config::Server,
         bundle: Option<&Path>,
         credentials: Option<&Credentials>,
         metrics: Arc<Metrics>,
         status: StatusRx,
         liveness: Liveness,
     ) -> anyhow::Result<Endpoint> {
-        check_listen(server)?;
         let (tls, guard) = guard(server, bundle, credentials, &metrics)?;
         let listener = bind(server.listen)?;
         let registry = metrics::registry(
@@ -80,57 +80,6 @@ impl Endpoint {
     }
 }
 
-/// The SERVER flags make one coherent endpoint: `--insecure-metrics` only on a loopback
-/// address (SPEC 3) and never beside a flag that asks for TLS or authentication (it would
-/// silently win, or lose); off loopback, some way to authenticate a scraper (an endpoint that
-/// answers 401 to everyone forever is a mistake, not a choice). Each refusal says which
-/// flags to use instead; docs/security.md lists every combination that is accepted.
-pub fn check_listen(server: &ServerArgs) -> Result<(), UsageError> {
-    let listen = server.listen;
-    if server.insecure_metrics && !listen.ip().is_loopback() {
-        return Err(UsageError(format!(
-            "--listen {listen}: --insecure-metrics is only allowed on a loopback address (use 127.0.0.1:PORT, or drop --insecure-metrics and add --client-ca-file)"
-        )));
-    }
-    let secured: Vec<&str> = [
-        (server.tls_cert_file.is_some(), "--tls-cert-file"),
-        (
-            server.tls_private_key_file.is_some(),
-            "--tls-private-key-file",
-        ),
-        (server.client_ca_file.is_some(), "--client-ca-file"),
-        (
-            server.authentication_token_webhook,
-            "--authentication-token-webhook",
-        ),
-        (server.authorization_webhook, "--authorization-webhook"),
-        (
-            server.authorized_users.iter().any(|u| !u.is_empty()),
-            "--authorized-users",
-        ),
-        (
-            server.authorized_groups.iter().any(|g| !g.is_empty()),
-            "--authorized-groups",
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(given, flag)| given.then_some(flag))
-    .collect();
-    if server.insecure_metrics && !secured.is_empty() {
-        let flags = secured.join(", ");
-        return Err(UsageError(format!(
-            "--insecure-metrics serves /metrics to anyone, over plain HTTP, but {flags} ask(s) for TLS or authentication: drop --insecure-metrics to require credentials, or drop {flags} to serve plain HTTP on loopback"
-        )));
-    }
-    let authenticates = server.client_ca_file.is_some() || server.authentication_token_webhook;
-    if !listen.ip().is_loopback() && !server.insecure_metrics && !authenticates {
-        return Err(UsageError(format!(
-            "--listen {listen} is not a loopback address, and nothing could authenticate a scraper there: add --client-ca-file (with --authorized-users or --authorized-groups) or --authentication-token-webhook, or listen on 127.0.0.1 with --insecure-metrics"
-        )));
-    }
-    Ok(())
-}
-
 /// The endpoint's TLS and what guards `/metrics`, from the SERVER flags. TLS is served
 /// with the given certificate, or with an in-memory self-signed one off loopback (or when
 /// client certificates are asked for); plain HTTP only on loopback.
@@ -139,7 +88,7 @@ pub fn check_listen(server: &ServerArgs) -> Result<(), UsageError> {
 /// needed (and only followed) when `--authentication-token-webhook` or
 /// `--authorization-webhook` is given. `metrics` count the reviews that could not be made.
 fn guard(
-    server: &ServerArgs,
+    server: &config::Server,
     bundle: Option<&Path>,
     credentials: Option<&Credentials>,
     metrics: &Arc<Metrics>,

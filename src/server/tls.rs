@@ -24,7 +24,7 @@ use rustls::{
 };
 
 use super::identity::Identity;
-use crate::cli::TlsVersion;
+use crate::config::TlsVersion;
 
 /// Where the endpoint's TLS material comes from.
 #[derive(Debug, Clone)]
