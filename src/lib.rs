@@ -25,7 +25,7 @@ pub mod source;
 pub mod state;
 pub mod status;
 pub mod systemd;
-pub mod target;
+pub mod targets;
 pub mod text;
 pub mod writer;
 
@@ -54,11 +54,11 @@ pub fn run() -> anyhow::Result<Exit> {
         }
         Err(e) => return Err(e),
     };
-    logging::init(cli.log.log_format.into(), &cli.log.log_level)?;
+    logging::init(cli.log.log_format.config(), &cli.log.log_level)?;
     match cli.command {
-        Command::Run(args) => daemon::run(config::Run::try_from(&*args)?),
-        Command::Publish(args) => publish::run(config::Publish::try_from(&*args)?),
-        Command::Sync(args) => commands::sync::run(config::Sync::try_from(&args)?),
+        Command::Run(args) => daemon::run(args.config()?),
+        Command::Publish(args) => publish::run(args.config()?),
+        Command::Sync(args) => commands::sync::run(args.config()?),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Drift(command) => commands::drift::run(command),
         Command::Version => commands::version(),

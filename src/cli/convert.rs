@@ -11,47 +11,46 @@ use crate::config;
 use crate::error::UsageError;
 use crate::source::SourceSpec;
 
-impl From<LogFormat> for crate::logging::LogFormat {
-    fn from(format: LogFormat) -> Self {
-        match format {
+impl LogFormat {
+    /// The logging module's own format.
+    pub fn config(self) -> crate::logging::LogFormat {
+        match self {
             LogFormat::Text => crate::logging::LogFormat::Text,
             LogFormat::Json => crate::logging::LogFormat::Json,
         }
     }
 }
 
-impl TryFrom<&RunArgs> for config::Run {
-    type Error = UsageError;
-
+impl RunArgs {
     /// The endpoint's flags are checked first, then the managed files'.
-    fn try_from(args: &RunArgs) -> Result<Self, UsageError> {
-        let server = config::Server::try_from(&args.server)?;
+    pub fn config(&self) -> Result<config::Run, UsageError> {
+        let args = self;
+        let server = args.server.config()?;
         Ok(config::Run {
-            common: config::Common::try_from(&args.common)?,
+            common: args.common.config()?,
             server,
             kubelet_config: args.kubelet_config.clone(),
         })
     }
 }
 
-impl TryFrom<&SyncArgs> for config::Sync {
-    type Error = UsageError;
-
-    fn try_from(args: &SyncArgs) -> Result<Self, UsageError> {
+impl SyncArgs {
+    /// The checked configuration these flags make.
+    pub fn config(&self) -> Result<config::Sync, UsageError> {
+        let args = self;
         Ok(config::Sync {
-            common: config::Common::try_from(&args.common)?,
+            common: args.common.config()?,
             dry_run: args.dry_run,
             force: args.force,
         })
     }
 }
 
-impl TryFrom<&CommonArgs> for config::Common {
-    type Error = UsageError;
-
+impl CommonArgs {
     /// Refuses two managed files at one path, a registry directory over a managed file or
     /// another set, a source read both ways, and an `--exec-on-change` program that cannot run.
-    fn try_from(args: &CommonArgs) -> Result<Self, UsageError> {
+    pub fn config(&self) -> Result<config::Common, UsageError> {
+        let args = self;
         let common = config::Common {
             sources: args.sources.clone(),
             bundle: args.bundle.clone(),
@@ -73,12 +72,11 @@ impl TryFrom<&CommonArgs> for config::Common {
     }
 }
 
-impl TryFrom<&ServerArgs> for config::Server {
-    type Error = UsageError;
-
+impl ServerArgs {
     /// Refuses flags that do not make one coherent endpoint, and fills in the node's name
     /// when it was not given.
-    fn try_from(args: &ServerArgs) -> Result<Self, UsageError> {
+    pub fn config(&self) -> Result<config::Server, UsageError> {
+        let args = self;
         let server = config::Server {
             listen: args.listen,
             tls_cert_file: args.tls_cert_file.clone(),
@@ -106,17 +104,16 @@ impl TryFrom<&ServerArgs> for config::Server {
     }
 }
 
-impl TryFrom<&PublishArgs> for config::Publish {
-    type Error = UsageError;
-
+impl PublishArgs {
     /// Refuses the bundle's key where another key goes and a source read both ways; the
     /// endpoint's flags are checked only when it will serve (not with `--once`).
-    fn try_from(args: &PublishArgs) -> Result<Self, UsageError> {
+    pub fn config(&self) -> Result<config::Publish, UsageError> {
+        let args = self;
         check_publish(args).map_err(UsageError)?;
         let server = if args.once {
             None
         } else {
-            Some(config::Server::try_from(&args.server)?)
+            Some(args.server.config()?)
         };
         Ok(config::Publish {
             to: args.to.clone(),
@@ -292,11 +289,11 @@ mod tests {
         else {
             unreachable!()
         };
-        assert!(config::Publish::try_from(&*once).unwrap().server.is_none());
+        assert!(once.config().unwrap().server.is_none());
         let Command::Publish(watching) = parse(&["publish", to, "--listen=0.0.0.0:9745"]) else {
             unreachable!()
         };
-        let refused = config::Publish::try_from(&*watching).unwrap_err();
+        let refused = watching.config().unwrap_err();
         assert!(refused.0.contains("is not a loopback address"), "{refused}");
     }
 
@@ -309,7 +306,7 @@ mod tests {
         ]) else {
             unreachable!()
         };
-        let refused = config::Run::try_from(&*args).unwrap_err();
+        let refused = args.config().unwrap_err();
         assert!(refused.0.contains("is not a loopback address"), "{refused}");
         let Command::Run(args) = parse(&[
             "run",
@@ -317,7 +314,7 @@ mod tests {
         ]) else {
             unreachable!()
         };
-        let refused = config::Run::try_from(&*args).unwrap_err();
+        let refused = args.config().unwrap_err();
         assert!(
             refused.0.contains("already managed (--bundle)"),
             "{refused}"
@@ -342,7 +339,7 @@ mod tests {
         ]) else {
             unreachable!()
         };
-        let run = config::Run::try_from(&*args).unwrap();
+        let run = args.config().unwrap();
         assert_eq!(run.server.tls_min_version, config::TlsVersion::V1_3);
         assert_eq!(run.server.node_name.as_deref(), Some("node-1"));
         assert_eq!(run.common.retain_removed.as_secs(), 2 * 86400);

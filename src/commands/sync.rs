@@ -22,7 +22,7 @@ use crate::error::{Exit, UsageError};
 use crate::running::{self, ManagedPath};
 use crate::source::{SourceSpec, cluster, local};
 use crate::state::Book;
-use crate::target::{Target, readable_certificates};
+use crate::targets::apply::{Target, readable_certificates};
 use crate::text::escape;
 use crate::text::rfc3339;
 use crate::writer::OnDisk;
@@ -88,8 +88,8 @@ fn sync_registries(
     set: &RegistriesSpec,
     book: &Book,
 ) -> anyhow::Result<()> {
-    use crate::daemon::registries::RegistrySet;
     use crate::source::cluster::Event;
+    use crate::targets::registry_set::RegistrySet;
     let dir = escape(&set.dir.display().to_string()).into_owned();
     if !args.force
         && let Ok(Some(claim)) = running::find(&args.common.state_dir)

@@ -7,11 +7,7 @@
 //! stalls a read (a hung mount) cannot stop `/livez` from answering, and answering the
 //! truth: that the loop does not answer.
 
-mod managed;
-mod policy;
 pub mod reconciler;
-pub(crate) mod registries;
-mod schedule;
 
 use std::sync::Arc;
 
@@ -28,8 +24,8 @@ use crate::running;
 use crate::server;
 use crate::server::endpoint::Endpoint;
 use crate::source::cluster;
+use crate::targets::registry_set::RegistryUpdate;
 use reconciler::{Inputs, Reconciler};
-use registries::RegistryUpdate;
 
 pub fn run(args: config::Run) -> anyhow::Result<Exit> {
     // Held until the agent exits: a hand-run `sync` sees it and refuses to write a file

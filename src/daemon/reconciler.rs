@@ -1,9 +1,9 @@
 //! The reconciliation loop: the one owner of the agent's state. Each input (a source
 //! update, a change on disk, a timer, a signal) updates the state of the managed file it
-//! concerns ([`super::managed`]), and a pass then brings each file that called for one in
+//! concerns ([`crate::targets::file`], [`crate::targets::registry_set`]), and a pass then brings each file that called for one in
 //! line with its sources; the outcome is published for health, metrics and systemd.
 //!
-//! What a pass does to a file is decided by [`super::policy::decide`], a pure function of
+//! What a pass does to a file is decided by [`crate::targets::policy::decide`], a pure function of
 //! what the loop knows and what is on disk, so that every policy (repair, back off, retry)
 //! is tested without a process, a clock or a disk.
 
@@ -14,10 +14,6 @@ use tokio::signal::unix::Signal;
 use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
-use super::managed::Managed;
-use super::policy::{BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE};
-use super::registries::{RegistrySet, RegistryUpdate};
-use super::schedule::Schedule;
 use crate::config;
 use crate::exec::Hooks;
 use crate::files::FsEvent;
@@ -29,7 +25,11 @@ use crate::source::cluster::Update;
 use crate::state::Book;
 use crate::status::Status;
 use crate::systemd::Notifier;
-use crate::target::Target;
+use crate::targets::apply::Target;
+use crate::targets::file::Managed;
+use crate::targets::policy::{BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE};
+use crate::targets::registry_set::{RegistrySet, RegistryUpdate};
+use crate::targets::schedule::Schedule;
 
 /// The managed file and every local source are looked at again this often, whatever
 /// inotify says (the kubelet's own CA reloader does the same): a missed event costs at
@@ -631,7 +631,7 @@ mod loop_tests {
         // Paused time: the loop runs until it waits, then the clock jumps to the earliest
         // timer, this one, well before the source's quiet second is up.
         let _ = tokio::time::timeout(
-            crate::daemon::schedule::WRITE_QUIET / 2,
+            crate::targets::schedule::WRITE_QUIET / 2,
             reconciler.run(inputs),
         )
         .await;

@@ -1243,7 +1243,7 @@ impl Publisher {
             self.others.certificates.get(key),
         ) {
             (Some(want), Some(certificates)) if want.as_bytes() == bytes => certificates.clone(),
-            _ => crate::target::readable_certificates(bytes),
+            _ => crate::targets::apply::readable_certificates(bytes),
         };
         self.key_certificates
             .insert(key.to_string(), (sha, certificates.clone()));

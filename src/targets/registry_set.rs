@@ -60,7 +60,7 @@ pub(crate) struct RegistrySet {
     /// DIR made absolute: where the files are.
     root: PathBuf,
     /// When its sources are read, and when it calls for a pass.
-    pub(super) schedule: Schedule,
+    pub(crate) schedule: Schedule,
     slots: Vec<RegistrySlot>,
     /// Each registry's content as this agent last wrote it or found it in sync: a file
     /// that differs from an unchanged goal is drift to repair.
@@ -142,7 +142,7 @@ impl RegistrySet {
     }
 
     /// Reads the `dir:` sources that are due at `now`; true when a pass is called for.
-    pub(super) fn take_due(&mut self, now: Instant) -> bool {
+    pub(crate) fn take_due(&mut self, now: Instant) -> bool {
         let (reads, work) = self.schedule.take_due(now);
         for local in reads {
             self.read_local(local, now);
@@ -151,7 +151,7 @@ impl RegistrySet {
     }
 
     /// Reads the `dir:` sources, and runs the first pass. No API call happens here.
-    pub(super) fn start(&mut self, record: &mut CreatedRecord) {
+    pub(crate) fn start(&mut self, record: &mut CreatedRecord) {
         // Temporary files a killed write left in the registry directories (SPEC 5): they
         // would keep a directory the agent made from going with its registry.
         if let Some(created) = record.sets.get(&self.dir) {
@@ -174,7 +174,7 @@ impl RegistrySet {
     }
 
     /// Reads a `dir:` source now; a read that failed is retried with backoff.
-    pub(super) fn read_local(&mut self, index: usize, at: Instant) {
+    pub(crate) fn read_local(&mut self, index: usize, at: Instant) {
         let result = local::registry_entries(&self.slots[index].source.spec);
         let retry = matches!(&result, Err(error) if local::retryable(error));
         self.schedule.was_read(index, at, retry);
@@ -209,7 +209,7 @@ impl RegistrySet {
     }
 
     /// Time until a registry file's validity changes.
-    pub(super) fn next_boundary(&self) -> Duration {
+    pub(crate) fn next_boundary(&self) -> Duration {
         let now = OffsetDateTime::now_utc().unix_timestamp();
         self.boundary
             .filter(|&t| t > now)
@@ -219,7 +219,7 @@ impl RegistrySet {
     }
 
     /// Its sources' state, as of now.
-    pub(super) fn sources(&self) -> Vec<crate::status::SourceStatus> {
+    pub(crate) fn sources(&self) -> Vec<crate::status::SourceStatus> {
         self.slots.iter().map(|s| s.source.status()).collect()
     }
 
@@ -522,7 +522,7 @@ impl RegistrySet {
                         if let Some(previous) = previous
                             && !bundle::parse::scan(&previous).certificates.is_empty()
                         {
-                            let history = History::new(&crate::target::file_state_dir(
+                            let history = History::new(&crate::targets::apply::file_state_dir(
                                 &self.state_dir,
                                 writer.path(),
                             ));
@@ -750,7 +750,7 @@ impl RegistrySet {
                 .filter(|f| Some(f.bytes.as_slice()) == bytes);
             let certificates = match (known, bytes) {
                 (Some(file), _) => file.certificates.clone(),
-                (None, Some(b)) => crate::target::readable_certificates(b),
+                (None, Some(b)) => crate::targets::apply::readable_certificates(b),
                 (None, None) => Vec::new(),
             };
             for c in &certificates {
@@ -839,7 +839,7 @@ impl RegistrySet {
                     _ => None,
                 };
                 let certificates = bytes
-                    .map(crate::target::readable_certificates)
+                    .map(crate::targets::apply::readable_certificates)
                     .unwrap_or_default();
                 let valid = certificates.iter().any(|c| c.is_valid_at(now));
                 Status {

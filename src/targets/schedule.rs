@@ -11,8 +11,8 @@ use crate::source::SourceSpec;
 /// A local source being written in place (changed, not yet closed) is read once the writer
 /// closes it; a writer that keeps it open is read after this long without a change, and
 /// no later than the second bound after its first change.
-pub(super) const WRITE_QUIET: Duration = Duration::from_secs(1);
-pub(super) const WRITE_QUIET_MAX: Duration = Duration::from_secs(5);
+pub(crate) const WRITE_QUIET: Duration = Duration::from_secs(1);
+pub(crate) const WRITE_QUIET_MAX: Duration = Duration::from_secs(5);
 
 /// When one source is read next.
 #[derive(Debug, Default)]
@@ -28,22 +28,22 @@ struct Reads {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Schedule {
+pub(crate) struct Schedule {
     /// Position of the target's first source among all the loop's sources: the index that
     /// source updates and file events carry.
     first: usize,
     reads: Vec<Reads>,
     /// Something on disk changed: look at it at this instant.
-    pub(super) recheck_at: Option<Instant>,
+    pub(crate) recheck_at: Option<Instant>,
     /// A pass was put off by a backoff: run one at this instant.
-    pub(super) retry_at: Option<Instant>,
+    pub(crate) retry_at: Option<Instant>,
     /// Something happened that calls for a pass.
-    pub(super) due: bool,
+    pub(crate) due: bool,
 }
 
 impl Schedule {
     /// The schedule of a target whose `sources` start at position `first` among the loop's.
-    pub(super) fn new(first: usize, sources: &[SourceSpec]) -> Schedule {
+    pub(crate) fn new(first: usize, sources: &[SourceSpec]) -> Schedule {
         Schedule {
             first,
             reads: sources
@@ -59,14 +59,14 @@ impl Schedule {
 
     /// The position among the target's sources of the loop's source `index`, if it is one
     /// of them.
-    pub(super) fn source(&self, index: usize) -> Option<usize> {
+    pub(crate) fn source(&self, index: usize) -> Option<usize> {
         index
             .checked_sub(self.first)
             .filter(|&local| local < self.reads.len())
     }
 
     /// Every local source is read again at `at` (the re-verification, or a rescan).
-    pub(super) fn read_local_sources_at(&mut self, at: Instant) {
+    pub(crate) fn read_local_sources_at(&mut self, at: Instant) {
         for reads in self.reads.iter_mut().filter(|r| !r.cluster) {
             reads.at = Some(at);
         }
@@ -76,7 +76,7 @@ impl Schedule {
     /// `settled` (closed after writing, renamed into place, removed), it is read at once;
     /// otherwise a writer is at work in place, and it is read when the writer closes it or
     /// falls quiet, so that a half-written file is never read as the whole source.
-    pub(super) fn changed(&mut self, local: usize, at: Instant, settled: bool) {
+    pub(crate) fn changed(&mut self, local: usize, at: Instant, settled: bool) {
         let reads = &mut self.reads[local];
         reads.at = Some(if settled {
             at
@@ -88,7 +88,7 @@ impl Schedule {
 
     /// A local source was read at `at`: one that could not be (`retry`) is read again with
     /// backoff; otherwise its retries start over.
-    pub(super) fn was_read(&mut self, local: usize, at: Instant, retry: bool) {
+    pub(crate) fn was_read(&mut self, local: usize, at: Instant, retry: bool) {
         let reads = &mut self.reads[local];
         if retry {
             reads.retry.step_read(at);
@@ -100,12 +100,12 @@ impl Schedule {
 
     /// When the source `local` is read next (tests).
     #[cfg(test)]
-    pub(super) fn read_at(&self, local: usize) -> Option<Instant> {
+    pub(crate) fn read_at(&self, local: usize) -> Option<Instant> {
         self.reads[local].at
     }
 
     /// The earliest instant the target has something to do.
-    pub(super) fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         [self.recheck_at, self.retry_at]
             .into_iter()
             .chain(self.reads.iter().map(|r| r.at))
@@ -116,7 +116,7 @@ impl Schedule {
     /// Takes what is due at `now`: the local sources to read now (their timers cleared, for
     /// the caller to read them), and whether a recheck or a retry fell due. A pass is then
     /// due if anything was.
-    pub(super) fn take_due(&mut self, now: Instant) -> (Vec<usize>, bool) {
+    pub(crate) fn take_due(&mut self, now: Instant) -> (Vec<usize>, bool) {
         let mut reads = Vec::new();
         for (local, r) in self.reads.iter_mut().enumerate() {
             if r.at.is_some_and(|t| t <= now) {
@@ -137,7 +137,7 @@ impl Schedule {
     }
 
     /// A retry is wanted at `until`, or sooner if one is already.
-    pub(super) fn retry_by(&mut self, until: Instant) {
+    pub(crate) fn retry_by(&mut self, until: Instant) {
         self.retry_at = Some(self.retry_at.map_or(until, |t| t.min(until)));
     }
 }

@@ -1,9 +1,9 @@
 //! One managed file: its sources, the bundle built from them, and all the loop knows of the
-//! file (what it adopted at start, what it last wrote, its backoffs). The loop
-//! ([`super::reconciler`]) owns one for `--bundle` and one for each `--manage` file, and
-//! routes each input to the file it concerns: a bad source of one file never holds another.
+//! file (what it adopted at start, what it last wrote, its backoffs). The daemon's loop
+//! owns one for `--bundle` and one for each `--manage` file, and routes each input to the
+//! file it concerns: a bad source of one file never holds another.
 //!
-//! What a pass does to the file is decided by [`decide`], the pure policy beside the loop.
+//! What a pass does to the file is decided by [`decide`], the pure policy beside it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,15 +23,15 @@ use crate::source::cluster::SourceEvent;
 use crate::source::local;
 use crate::source::state::SourceState;
 use crate::status::{Status, TargetKind, unix_now};
-use crate::target::Target;
+use crate::targets::apply::Target;
 use crate::writer::{OnDisk, WriteError};
 
 /// A bundle and its retention memory, as last handed to the records.
 type RecordedState = (Fingerprint, Vec<(Fingerprint, Option<i64>)>);
 
 /// What the loop knows about one source.
-pub(super) struct Slot {
-    pub(super) source: SourceState,
+pub(crate) struct Slot {
+    pub(crate) source: SourceState,
     /// For a local source: reads it, and parses only bytes it has not parsed already.
     loader: local::Loader,
 }
@@ -56,11 +56,11 @@ impl Adopted {
     }
 }
 
-pub(super) struct Managed {
+pub(crate) struct Managed {
     target: Target,
     /// When its sources are read, and when it calls for a pass.
-    pub(super) schedule: Schedule,
-    pub(super) slots: Vec<Slot>,
+    pub(crate) schedule: Schedule,
+    pub(crate) slots: Vec<Slot>,
     policy: Policy,
     hooks: Option<Hooks>,
     memory: Vec<Remembered>,
@@ -94,14 +94,14 @@ pub(super) struct Managed {
     file: FileLabels,
     last_sync: Option<f64>,
     /// What the last pass found.
-    pub(super) status: Status,
+    pub(crate) status: Status,
 }
 
 impl Managed {
     /// The file kept by `target` from `sources`, whose first is at position `first` among
     /// the loop's sources: the bundle (`--bundle`), or a `--manage` file. Its counters have
     /// their series from the start.
-    pub(super) fn new(
+    pub(crate) fn new(
         bundle: bool,
         target: Target,
         sources: &[SourceSpec],
@@ -154,7 +154,7 @@ impl Managed {
     }
 
     /// Reads the local sources that are due at `now`; true when a pass is called for.
-    pub(super) fn take_due(&mut self, now: Instant) -> bool {
+    pub(crate) fn take_due(&mut self, now: Instant) -> bool {
         let (reads, work) = self.schedule.take_due(now);
         for local in reads {
             self.read_local(local, now);
@@ -163,13 +163,13 @@ impl Managed {
     }
 
     /// Bytes of the bundle last built (0 when none), to decide whether memory is given back.
-    pub(super) fn built_len(&self) -> usize {
+    pub(crate) fn built_len(&self) -> usize {
         self.desired.as_ref().map_or(0, |d| d.rendered.len())
     }
 
     /// Adopts the file on disk, reads its local sources, and runs the first pass. No API
     /// call happens here, so a valid file makes the agent ready at once.
-    pub(super) fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         self.target.prepare();
         let on_disk = self
             .target
@@ -203,7 +203,7 @@ impl Managed {
 
     /// Reads a `file:` or `dir:` source (by its position among this file's sources) now; a
     /// read that failed is retried with backoff.
-    pub(super) fn read_local(&mut self, index: usize, at: Instant) {
+    pub(crate) fn read_local(&mut self, index: usize, at: Instant) {
         let slot = &mut self.slots[index];
         let result = slot.loader.load(&slot.source.spec);
         let retry = matches!(&result, Err(error) if local::retryable(error));
@@ -216,7 +216,7 @@ impl Managed {
     }
 
     /// A source's news (by its position among this file's sources).
-    pub(super) fn on_update(&mut self, index: usize, event: SourceEvent, at: Instant) {
+    pub(crate) fn on_update(&mut self, index: usize, event: SourceEvent, at: Instant) {
         // Without usable credentials no cluster source can be read: a sync that cannot
         // happen, counted as such (once per change of the problem, as the source sends it).
         if let SourceEvent::Failed(e) | SourceEvent::WatchRestart(e) = &event
@@ -232,7 +232,7 @@ impl Managed {
     }
 
     /// One pass over this file.
-    pub(super) fn reconcile(&mut self) {
+    pub(crate) fn reconcile(&mut self) {
         self.schedule.due = false;
         self.pass();
     }
@@ -491,7 +491,7 @@ impl Managed {
 
     /// In sync with the sources (`Some(true)`), or holding the adopted bundle while a
     /// source has not been read yet (`None`: nothing to compare with).
-    pub(super) fn in_sync_state(&self) -> Option<bool> {
+    pub(crate) fn in_sync_state(&self) -> Option<bool> {
         self.desired.is_some().then_some(true)
     }
 
@@ -518,7 +518,7 @@ impl Managed {
         }
     }
 
-    pub(super) fn count_sync_error(&self, reason: &str) {
+    pub(crate) fn count_sync_error(&self, reason: &str) {
         let labels = FileReasonLabels {
             filepath: self.file.filepath.clone(),
             reason: reason.to_string(),
@@ -528,7 +528,7 @@ impl Managed {
 
     /// Time until the next instant the bundle's validity can change: a certificate's
     /// notBefore or notAfter, or a retained certificate's window ending.
-    pub(super) fn next_boundary(&self) -> Duration {
+    pub(crate) fn next_boundary(&self) -> Duration {
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let certificates = self
             .slots
