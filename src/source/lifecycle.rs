@@ -789,6 +789,40 @@ mod tests {
     }
 
     #[test]
+    fn a_source_reported_down_outside_the_watch_is_up_again_once_it_delivers() {
+        let now = Instant::now();
+        let mut w = watching(now);
+        assert!(w.up());
+        // No usable credentials: the loop reports the source down and says so.
+        w.lost();
+        assert!(!w.up());
+        w.step(Happened::NewCredentials, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::StayedOpen, now, MIN);
+        assert_eq!(step.report, Report::Up, "told up again");
+    }
+
+    #[test]
+    fn the_resource_version_reached_is_known_in_every_state_that_has_one() {
+        let now = Instant::now();
+        let (mut w, _) = Watch::start();
+        assert_eq!(w.rv(), None, "listing");
+        w.step(Happened::Listed { rv: rv("5") }, now, MIN);
+        assert_eq!(w.rv(), Some("5"), "opening");
+        w.step(Happened::Opened, now, MIN);
+        assert_eq!(w.rv(), Some("5"), "accepted");
+        w.step(Happened::Delivered { rv: rv("6") }, now, MIN);
+        assert_eq!(w.rv(), Some("6"), "watching");
+        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        assert_eq!(w.rv(), Some("6"), "backing off before a watch");
+        w.step(Happened::Waited, now, MIN);
+        w.step(Happened::Failed(Failure::Expired), now, MIN);
+        assert_eq!(w.rv(), None, "listing after a 410");
+        w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
+        assert_eq!(w.rv(), None, "backing off before a list");
+    }
+
+    #[test]
     fn what_a_state_does_not_expect_changes_nothing() {
         let now = Instant::now();
         let mut w = watching(now);
