@@ -43,6 +43,15 @@ fn cluster_moves_on(api: &ApiServer) {
     );
 }
 
+/// An outage: the API server stops, the agent sees it, and it stays away for `length`
+/// while the cluster moves on.
+fn outage(api: &ApiServer, agent: &Agent, length: Duration) {
+    api.stop();
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
+    std::thread::sleep(length);
+    cluster_moves_on(api);
+}
+
 /// The requests the agent made at or after `since`, for the ConfigMap (lists and watches).
 fn requests_since(api: &ApiServer, since: Instant) -> Vec<Request> {
     api.requests()
@@ -61,12 +70,9 @@ fn after_an_outage_longer_than_any_backoff_cap_a_change_is_followed_within_ten_s
     );
     let agent = started(&api, &node, &a);
 
-    api.stop();
-    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
     // Longer than the 30 s cap of a server that answers with failures: a backoff grown
     // on a server that is not there would still be waiting when it is back.
-    std::thread::sleep(40 * SECOND);
-    cluster_moves_on(&api);
+    outage(&api, &agent, 40 * SECOND);
     api.restart();
     let back = Instant::now();
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &(a.pem() + &b.pem()))], &[]);
@@ -91,10 +97,7 @@ fn a_410_after_a_reconnect_lists_again_at_once_without_a_backoff() {
     let agent = started(&api, &node, &a);
 
     // Long enough an outage for several failed attempts, so that a backoff would have grown.
-    api.stop();
-    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
-    std::thread::sleep(12 * SECOND);
-    cluster_moves_on(&api);
+    outage(&api, &agent, 12 * SECOND);
     let back = Instant::now();
     api.restart();
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
@@ -160,9 +163,7 @@ fn a_source_is_not_reported_up_on_a_watch_that_is_accepted_then_expired() {
     let ups = || agent.log().matches("source is up").count();
     assert_eq!(ups(), 1);
 
-    api.stop();
-    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
-    cluster_moves_on(&api);
+    outage(&api, &agent, Duration::ZERO);
     // Back, but every list fails: a resumed watch is accepted (HTTP 200) and expired at
     // once (410), and nothing is ever delivered.
     api.fail_next_on(Target::List, 1_000, Fault::Status(500));
