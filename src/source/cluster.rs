@@ -1572,6 +1572,45 @@ mod tests {
     }
 
     #[test]
+    fn an_event_made_into_another_kind_keeps_its_failures() {
+        let failed = || SourceError::NotFound { spec: "s".into() };
+        let doubled = |n: u32| Some(n * 2);
+        assert!(matches!(
+            Event::Content(4).filter_map(doubled),
+            Some(Event::Content(8))
+        ));
+        assert!(Event::Content(4).filter_map(|_| None::<u32>).is_none());
+        assert!(matches!(
+            Event::<u32>::Failed(failed()).filter_map(doubled),
+            Some(Event::Failed(SourceError::NotFound { .. }))
+        ));
+        assert!(matches!(
+            Event::<u32>::WatchRestart(failed()).filter_map(doubled),
+            Some(Event::WatchRestart(SourceError::NotFound { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_controllerconfig_list_is_a_registry_sets_entries_and_a_bundle_source_is_none() {
+        let (one, two) = (ca_pem("one"), ca_pem("two"));
+        let list = json!([
+            {"file": "one.example.com", "data": b64(&one)},
+            {"file": "two.example.com..5000", "data": b64(&two)},
+        ]);
+        let spec_ = spec("controllerconfig:mcc/imageRegistryBundleData");
+        let entries = registry_content(&spec_, Raw::Field(Some(&list))).unwrap();
+        let names: Vec<&str> = entries.entries.iter().map(|e| e.name.dir()).collect();
+        assert_eq!(names, ["one.example.com", "two.example.com:5000"]);
+        assert_eq!(entries.entries[0].content, Ok(one));
+        // Absent: no registry, not a failure.
+        let none = registry_content(&spec_, Raw::Field(None)).unwrap();
+        assert!(none.entries.is_empty() && none.refused.is_empty());
+        // A bundle's source is not a registry source.
+        let err = registry_content(&spec("configmap:ns/cm"), Raw::Field(Some(&list))).unwrap_err();
+        assert_eq!(err.reason(), "not_a_registry_source");
+    }
+
+    #[test]
     fn text_from_a_proxy_becomes_one_short_printable_line() {
         let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n\x1b[31m</html>";
         assert_eq!(
