@@ -776,6 +776,19 @@ fn review_errors(metrics: &str, review: &str) -> std::collections::BTreeMap<Stri
 }
 
 /// Fails the test with every problem found, so that a run shows them all at once.
+/// Asks `ask` until it answers 200, for at most 5 s after the API server is back (`what`
+/// says how it came back); a problem naming the last answer when it never did.
+fn answers_again(what: &str, mut ask: impl FnMut() -> (u16, String)) -> Option<String> {
+    let started = std::time::Instant::now();
+    let mut last = (0, String::new());
+    let back = eventually(5 * SECOND, || {
+        last = ask();
+        last.0 == 200
+    });
+    eprintln!("{what}: answered {} after {:?}", last.0, started.elapsed());
+    (!back).then(|| format!("still refused 5 s after {what}: {} {}", last.0, last.1))
+}
+
 fn assert_none(problems: &[String], log: &str) {
     assert!(
         problems.is_empty(),
@@ -880,23 +893,9 @@ fn a_token_review_against_a_stopped_api_server_fails_fast_with_503_and_certifica
 
     // Back: a token turned away a moment ago works again within seconds.
     api.restart();
-    let started = std::time::Instant::now();
-    let mut last = (0, String::new());
-    let back = eventually(5 * SECOND, || {
-        last = endpoint.get_bearer(&agent, "/metrics", &later);
-        last.0 == 200
-    });
-    eprintln!(
-        "API server restarted: the token answered {} after {:?}",
-        last.0,
-        started.elapsed()
-    );
-    if !back {
-        problems.push(format!(
-            "the token is still refused 5 s after the API server came back: {} {}",
-            last.0, last.1
-        ));
-    }
+    problems.extend(answers_again("the API server came back (a token)", || {
+        endpoint.get_bearer(&agent, "/metrics", &later)
+    }));
     assert_none(&problems, &agent.log());
 }
 
@@ -988,23 +987,10 @@ fn against_a_hung_api_server_the_first_review_waits_its_deadline_and_the_next_fa
     }
 
     api.unhang();
-    let started = std::time::Instant::now();
-    let mut last = (0, String::new());
-    let back = eventually(5 * SECOND, || {
-        last = endpoint.get_bearer(&agent, "/metrics", &tokens[2]);
-        last.0 == 200
-    });
-    eprintln!(
-        "API server answers again: the token answered {} after {:?}",
-        last.0,
-        started.elapsed()
-    );
-    if !back {
-        problems.push(format!(
-            "a token is still refused 5 s after the API server answered again: {} {}",
-            last.0, last.1
-        ));
-    }
+    problems.extend(answers_again(
+        "the API server answered again (a token)",
+        || endpoint.get_bearer(&agent, "/metrics", &tokens[2]),
+    ));
     assert_none(&problems, &agent.log());
 }
 
@@ -1059,16 +1045,10 @@ fn a_subject_access_review_against_a_stopped_api_server_fails_fast_and_is_counte
     }
 
     api.restart();
-    let mut last = (0, String::new());
-    if !eventually(5 * SECOND, || {
-        last = endpoint.get(&agent, "/metrics", Some(&newcomer));
-        last.0 == 200
-    }) {
-        problems.push(format!(
-            "the identity is still refused 5 s after the API server came back: {} {}",
-            last.0, last.1
-        ));
-    }
+    problems.extend(answers_again(
+        "the API server came back (an identity)",
+        || endpoint.get(&agent, "/metrics", Some(&newcomer)),
+    ));
     assert_none(&problems, &agent.log());
 }
 
