@@ -33,9 +33,12 @@ pub const RECHECK_EVERY: Duration = Duration::from_secs(60);
 /// Something changed on disk that the loop should look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FsEvent {
-    /// A managed file (by position: 0 is `--bundle`, then each `--manage` file) was
-    /// written, replaced, changed or deleted.
-    Bundle(usize),
+    /// What a target keeps changed on disk (by the target's position: 0 is `--bundle`,
+    /// then each `--manage` file, then each `--manage-registries` set): a file was
+    /// written, replaced, changed or deleted; under a registry set's directory, a registry
+    /// directory appeared or went, or its `ca.crt` was written, replaced, changed or
+    /// removed.
+    Target(usize),
     /// A local source (by position in `--source` order) changed. `settled`: the change is
     /// complete (a file closed after writing, renamed into place, removed); otherwise a
     /// writer is at work in place and the read should wait for it.
@@ -50,10 +53,6 @@ pub enum FsEvent {
     Tls,
     /// The kubeconfig, or a file it names, changed (settled).
     Credentials,
-    /// Something changed under a registry set's directory (by position in
-    /// `--manage-registries` order): a registry directory appeared or went, or its
-    /// `ca.crt` was written, replaced, changed or removed.
-    Registries(usize),
 }
 
 /// The directories to watch and what their entries mean.
@@ -178,7 +177,7 @@ impl Plan {
         let mut events = Vec::new();
         for (index, file) in self.managed.iter().enumerate() {
             if dir == parent_dir(file) && Some(name) == file.file_name() {
-                events.push(FsEvent::Bundle(index));
+                events.push(FsEvent::Target(index));
             }
         }
         for (index, watch) in &self.sources {
@@ -220,7 +219,7 @@ impl Plan {
                 || (dir.parent() == Some(root.as_path())
                     && !crate::writer::atomic::is_temp_file_name(&name.to_string_lossy()));
             if concerns {
-                events.push(FsEvent::Registries(index));
+                events.push(FsEvent::Target(self.managed.len() + index));
             }
         }
         events
@@ -454,7 +453,7 @@ impl Watcher {
                             self.paths.insert(wd.clone(), path.clone());
                             self.watched.insert(path.clone(), Watched { wd, identity });
                             // A registry directory that appeared is news of its own
-                            // (FsEvent::Registries), not a sign of events lost.
+                            // (FsEvent::Target), not a sign of events lost.
                             renewed |= !self.registry_dirs.contains_key(&path);
                         }
                         Err(e) => problems.push(format!(
@@ -579,9 +578,9 @@ mod tests {
         let at = |dir: &str, name: &str| plan.classify(Path::new(dir), OsStr::new(name), true);
         assert_eq!(
             at("/etc/kubernetes", "kubelet-ca.crt"),
-            [FsEvent::Bundle(0)]
+            [FsEvent::Target(0)]
         );
-        assert_eq!(at("/etc/pki/cloud", "ca-bundle.pem"), [FsEvent::Bundle(1)]);
+        assert_eq!(at("/etc/pki/cloud", "ca-bundle.pem"), [FsEvent::Target(1)]);
         assert_eq!(at("/etc/pki/cloud", "ca-bundle.pem.old"), []);
         assert_eq!(
             at(
@@ -615,7 +614,8 @@ mod tests {
             .with_registry_dirs(&[PathBuf::from("/etc/docker/certs.d")]);
         let at_registries =
             |dir: &str, name: &str| registries.classify(Path::new(dir), OsStr::new(name), true);
-        let set = [FsEvent::Registries(0)];
+        // The set is the target after the two files.
+        let set = [FsEvent::Target(2)];
         assert_eq!(at_registries("/etc/docker/certs.d", "quay.io:443"), set);
         assert_eq!(
             at_registries("/etc/docker/certs.d/quay.io:443", "ca.crt"),

@@ -88,7 +88,8 @@ fn sync_registries(
     set: &RegistriesSpec,
     book: &Book,
 ) -> anyhow::Result<()> {
-    use crate::source::cluster::Event;
+    use crate::source::cluster::{Content, Event};
+    use crate::targets::Kept;
     use crate::targets::registry_set::RegistrySet;
     let dir = escape(&set.dir.display().to_string()).into_owned();
     if !args.force
@@ -123,7 +124,7 @@ fn sync_registries(
             .with_context(|| format!("the registry CAs under {dir} were left as they were"))?;
         registries.on_update(
             index,
-            Event::Content(std::sync::Arc::new(entries)),
+            Event::Content(Content::Entries(std::sync::Arc::new(entries))),
             std::time::Instant::now(),
         );
     }

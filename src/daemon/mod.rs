@@ -24,7 +24,6 @@ use crate::running;
 use crate::server;
 use crate::server::endpoint::Endpoint;
 use crate::source::cluster;
-use crate::targets::registry_set::RegistryUpdate;
 use reconciler::{Inputs, Reconciler};
 
 pub fn run(args: config::Run) -> anyhow::Result<Exit> {
@@ -55,7 +54,6 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
     let (status_tx, status_rx) = watch::channel(Arc::default());
     let (liveness, pongs) = server::liveness();
     let (update_tx, update_rx) = mpsc::unbounded_channel();
-    let (registry_tx, registry_rx) = mpsc::unbounded_channel();
     let (fs_tx, fs_rx) = mpsc::unbounded_channel();
 
     // The credentials are followed for as long as the agent runs: missing (a new node whose
@@ -109,16 +107,14 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
             args.common.sources.len(),
             args.common.file_sources(),
             update_tx,
-            registry_tx,
         );
     } else {
-        drop((update_tx, registry_tx));
+        drop(update_tx);
     }
 
     reconciler
         .run(Inputs {
             updates: update_rx,
-            registry_updates: registry_rx,
             files: fs_rx,
             pongs,
             sigterm,
@@ -126,13 +122,6 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
         })
         .await?;
     Ok(Exit::Success)
-}
-
-/// What a cluster source gives: certificates for a file, or a registry set's entries.
-#[derive(Clone)]
-enum Content {
-    Bundle(crate::bundle::SourceCertificates),
-    Entries(Arc<crate::registry::Entries>),
 }
 
 /// Starts one watch per object that the cluster sources read (SPEC 4b: one per object,
@@ -145,9 +134,8 @@ fn watch(
     bundle: usize,
     files: usize,
     updates: mpsc::UnboundedSender<cluster::Update>,
-    registry_updates: mpsc::UnboundedSender<RegistryUpdate>,
 ) {
-    use crate::source::cluster::Event;
+    use crate::source::cluster::Content;
     use std::collections::HashSet;
     let registry_specs: HashSet<_> = sources[files..].iter().cloned().collect();
     // The specs of `--manage` files alone, which may hold nothing (an empty key); one that
@@ -162,29 +150,13 @@ fn watch(
         if registry_specs.contains(spec) {
             cluster::registry_content(spec, raw).map(|e| Content::Entries(Arc::new(e)))
         } else if optional_specs.contains(spec) {
-            cluster::optional_bundle_content(spec, raw).map(Content::Bundle)
+            cluster::optional_bundle_content(spec, raw).map(Content::Certificates)
         } else {
-            cluster::bundle_content(spec, raw).map(Content::Bundle)
+            cluster::bundle_content(spec, raw).map(Content::Certificates)
         }
     };
-    let send = move |index: usize, event: Event<Content>, at| {
-        if index < files {
-            let event = event.filter_map(|c| match c {
-                Content::Bundle(c) => Some(c),
-                Content::Entries(_) => None,
-            });
-            if let Some(event) = event {
-                let _ = updates.send(cluster::Update { index, event, at });
-            }
-        } else {
-            let event = event.filter_map(|c| match c {
-                Content::Entries(e) => Some(e),
-                Content::Bundle(_) => None,
-            });
-            if let Some(event) = event {
-                let _ = registry_updates.send(RegistryUpdate { index, event, at });
-            }
-        }
+    let send = move |index, event, at| {
+        let _ = updates.send(cluster::Update { index, event, at });
     };
     cluster::watch_objects(credentials, sources, content, send);
 }

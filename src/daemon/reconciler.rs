@@ -1,11 +1,10 @@
 //! The reconciliation loop: the one owner of the agent's state. Each input (a source
-//! update, a change on disk, a timer, a signal) updates the state of the managed file it
-//! concerns ([`crate::targets::file`], [`crate::targets::registry_set`]), and a pass then brings each file that called for one in
-//! line with its sources; the outcome is published for health, metrics and systemd.
-//!
-//! What a pass does to a file is decided by [`crate::targets::policy::decide`], a pure function of
-//! what the loop knows and what is on disk, so that every policy (repair, back off, retry)
-//! is tested without a process, a clock or a disk.
+//! update, a change on disk, a timer, a signal) goes to the target it concerns (a
+//! [`Kept`]: the bundle, a `--manage` file, a registry set), and a pass then brings each
+//! target that called for one in line with its sources; the outcome is published for
+//! health, metrics and systemd. The loop knows no kind of target: what a pass does is the
+//! target's own (for a file, [`crate::targets::policy::decide`], a pure function of what
+//! the loop knows and what is on disk).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,21 +14,18 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
 use crate::config;
-use crate::exec::Hooks;
 use crate::files::FsEvent;
 use crate::kubelet_config;
-use crate::metrics::{Metrics, RecordLabels};
+use crate::metrics::Metrics;
 use crate::registry::CreatedRecord;
 use crate::server::Pongs;
 use crate::source::cluster::Update;
 use crate::state::Book;
 use crate::status::Status;
 use crate::systemd::Notifier;
-use crate::targets::apply::Target;
-use crate::targets::file::Managed;
 use crate::targets::policy::{BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE};
-use crate::targets::registry_set::{RegistrySet, RegistryUpdate};
 use crate::targets::schedule::Schedule;
+use crate::targets::{self, Kept, Report};
 
 /// The managed file and every local source are looked at again this often, whatever
 /// inotify says (the kubelet's own CA reloader does the same): a missed event costs at
@@ -38,9 +34,8 @@ pub const VERIFY_EVERY: Duration = Duration::from_secs(60);
 
 /// The channels the loop reads.
 pub struct Inputs {
+    /// The cluster sources' news, for every target.
     pub updates: mpsc::UnboundedReceiver<Update>,
-    /// The registry sets' cluster sources.
-    pub registry_updates: mpsc::UnboundedReceiver<RegistryUpdate>,
     pub files: mpsc::UnboundedReceiver<FsEvent>,
     /// Liveness pings from the HTTP server, answered between passes.
     pub pongs: Pongs,
@@ -50,13 +45,12 @@ pub struct Inputs {
     pub sigint: Signal,
 }
 
-/// The loop's state: the managed files, and what is the loop's own (the re-verification,
+/// The loop's state: the targets, and what is the loop's own (the re-verification,
 /// the watcher's health, the kubelet's view of the bundle, what systemd is told).
 pub struct Reconciler {
-    /// `--bundle` first, then each `--manage` file.
-    files: Vec<Managed>,
-    /// Each `--manage-registries` set.
-    sets: Vec<RegistrySet>,
+    /// `--bundle` first, then each `--manage` file, then each `--manage-registries` set
+    /// ([`targets::all`]).
+    targets: Vec<Box<dyn Kept>>,
     /// What the agent created under the registry sets' directories.
     created: CreatedRecord,
     /// The record as last saved: a save that failed is tried again after each pass.
@@ -82,69 +76,13 @@ impl Reconciler {
         status: watch::Sender<Arc<Status>>,
     ) -> Self {
         metrics.init_records();
-        let hooks = common.exec_on_change.clone().map(|command| {
-            let failures = metrics.clone();
-            Hooks::start(
-                command.0,
-                common.bundle.clone(),
-                common.exec_on_change_timeout,
-                move || {
-                    failures.exec_on_change_failures.inc();
-                },
-            )
-        });
-        // One book of managed-files.json for every file; each file's records on a thread
-        // of its own.
+        // One book of managed-files.json for every target.
         let book = Book::open_with_sets(
             &common.state_dir,
             &common.managed_paths(),
             &common.registry_dirs(),
         );
-        let target = |path: &std::path::Path| {
-            let failures = metrics.clone();
-            Target::for_file(common, path, book.clone()).with_background_records(move |record| {
-                failures
-                    .state_errors
-                    .get_or_create(&RecordLabels {
-                        record: record.to_string(),
-                    })
-                    .inc();
-            })
-        };
-        let mut files = vec![Managed::new(
-            true,
-            target(&common.bundle),
-            &common.sources,
-            0,
-            common.policy(),
-            hooks,
-            metrics.clone(),
-        )];
-        let mut first = common.sources.len();
-        for manage in &common.manage {
-            files.push(Managed::new(
-                false,
-                target(&manage.path),
-                &manage.sources,
-                first,
-                common.policy(),
-                None,
-                metrics.clone(),
-            ));
-            first += manage.sources.len();
-        }
-        let mut sets = Vec::new();
-        for set in &common.manage_registries {
-            sets.push(RegistrySet::new(
-                &set.dir,
-                &set.sources,
-                first,
-                metrics.clone(),
-                book.clone(),
-                &common.state_dir,
-            ));
-            first += set.sources.len();
-        }
+        let targets = targets::all(common, &metrics, &book);
         let (created, record_unreadable) = book.state_dir().load_registry_record();
         if let Some(problem) = &record_unreadable {
             tracing::warn!(
@@ -152,8 +90,7 @@ impl Reconciler {
             );
         }
         Reconciler {
-            files,
-            sets,
+            targets,
             saved: created.clone(),
             created,
             record_unreadable,
@@ -173,11 +110,8 @@ impl Reconciler {
     /// file. No API call happens here, so a valid file makes the agent ready at once.
     pub fn start(&mut self) {
         self.kubelet.request(Instant::now());
-        for file in &mut self.files {
-            file.start();
-        }
-        for set in &mut self.sets {
-            set.start(&mut self.created);
+        for target in &mut self.targets {
+            target.start(&mut self.created);
         }
         self.save_record();
         self.publish();
@@ -205,8 +139,7 @@ impl Reconciler {
             let boundary_at = Instant::now() + self.next_boundary();
             let deadline = [Some(boundary_at), Some(self.verify_at), next_watchdog]
                 .into_iter()
-                .chain(self.files.iter().map(|f| f.schedule.next_due()))
-                .chain(self.sets.iter().map(|s| s.schedule.next_due()))
+                .chain(self.targets.iter().map(|t| t.schedule().next_due()))
                 .flatten()
                 .min()
                 .expect("the boundary is always set");
@@ -218,7 +151,6 @@ impl Reconciler {
                     Some(update) => { self.on_update(update); work = true; }
                     None => updates_open = false,
                 },
-                Some(update) = inputs.registry_updates.recv() => { self.on_registry_update(update); work = true; }
                 Some(event) = inputs.files.recv() => work |= self.on_file_event(event),
                 Some(seen) = kubelet_reads.recv() => work |= self.kubelet.found(seen),
                 Some(()) = inputs.pongs.pings.recv() => { inputs.pongs.answer(); continue; }
@@ -229,10 +161,6 @@ impl Reconciler {
             // Take whatever else is queued, so that a burst costs one pass.
             while let Ok(update) = inputs.updates.try_recv() {
                 self.on_update(update);
-                work = true;
-            }
-            while let Ok(update) = inputs.registry_updates.try_recv() {
-                self.on_registry_update(update);
                 work = true;
             }
             while let Ok(event) = inputs.files.try_recv() {
@@ -283,55 +211,35 @@ impl Reconciler {
             self.all_due();
             work = true;
         }
-        for file in &mut self.files {
-            work |= file.take_due(now);
-        }
-        for set in &mut self.sets {
-            work |= set.take_due(now);
+        for target in &mut self.targets {
+            work |= target.take_due(now);
         }
         work
     }
 
-    /// The registry set, and its slot, of the loop's source `index`.
-    fn set_source(&mut self, index: usize) -> Option<(&mut RegistrySet, usize)> {
-        self.sets
+    /// The target, and the source's position among its sources, of the loop's source
+    /// `index`.
+    fn source(&mut self, index: usize) -> Option<(&mut Box<dyn Kept>, usize)> {
+        self.targets
             .iter_mut()
-            .find_map(|set| set.schedule.source(index).map(|local| (set, local)))
+            .find_map(|t| t.schedule().source(index).map(|local| (t, local)))
     }
 
-    fn on_registry_update(&mut self, update: RegistryUpdate) {
-        if let Some((set, local)) = self.set_source(update.index) {
-            set.on_update(local, update.event, update.at);
-        }
-    }
-
-    /// The file, and its position among the file's sources, of the loop's source `index`.
-    fn source(&mut self, index: usize) -> Option<(&mut Managed, usize)> {
-        self.files
-            .iter_mut()
-            .find_map(|file| file.schedule.source(index).map(|local| (file, local)))
-    }
-
-    /// The schedule of every target: each file, then each registry set.
+    /// The schedule of every target.
     fn schedules(&mut self) -> impl Iterator<Item = &mut Schedule> {
-        self.files
-            .iter_mut()
-            .map(|f| &mut f.schedule)
-            .chain(self.sets.iter_mut().map(|s| &mut s.schedule))
+        self.targets.iter_mut().map(|t| t.schedule_mut())
     }
 
     /// Takes a change on disk into account; true when it calls for a pass now.
     fn on_file_event(&mut self, event: FsEvent) -> bool {
         let at = Instant::now();
         match event {
-            FsEvent::Bundle(index) => {
-                if let Some(file) = self.files.get_mut(index) {
-                    file.schedule.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
-                }
-            }
-            FsEvent::Registries(index) => {
-                if let Some(set) = self.sets.get_mut(index) {
-                    set.schedule.recheck_at.get_or_insert(at + BUNDLE_SETTLE);
+            FsEvent::Target(index) => {
+                if let Some(target) = self.targets.get_mut(index) {
+                    target
+                        .schedule_mut()
+                        .recheck_at
+                        .get_or_insert(at + BUNDLE_SETTLE);
                 }
             }
             FsEvent::Rescan => {
@@ -360,21 +268,18 @@ impl Reconciler {
     }
 
     fn on_update(&mut self, update: Update) {
-        if let Some((file, local)) = self.source(update.index) {
-            file.on_update(local, update.event, update.at);
+        if let Some((target, local)) = self.source(update.index) {
+            target.on_update(local, update.event, update.at);
         }
     }
 
-    /// A pass over each file that calls for one; a pass over a large bundle then gives the
-    /// memory it freed back to the system. Then the state is published.
+    /// A pass over each target that calls for one; a pass over a large bundle then gives
+    /// the memory it freed back to the system. Then the state is published.
     fn reconcile(&mut self) {
         let mut largest = 0;
-        for file in self.files.iter_mut().filter(|f| f.schedule.due) {
-            file.reconcile();
-            largest = largest.max(file.built_len());
-        }
-        for set in self.sets.iter_mut().filter(|s| s.schedule.due) {
-            set.reconcile(&mut self.created);
+        for target in self.targets.iter_mut().filter(|t| t.schedule().due) {
+            target.reconcile(&mut self.created);
+            largest = largest.max(target.built_len());
         }
         self.save_record();
         crate::runtime::allocator::after_pass(largest);
@@ -396,35 +301,26 @@ impl Reconciler {
         }
     }
 
-    /// Time until the next instant a file's validity can change.
+    /// Time until the next instant a target's validity can change.
     fn next_boundary(&self) -> Duration {
-        self.files
+        self.targets
             .iter()
-            .map(Managed::next_boundary)
-            .chain(self.sets.iter().map(RegistrySet::next_boundary))
+            .map(|t| t.next_boundary())
             .min()
             .unwrap_or(BOUNDARY_RECHECK_MAX)
     }
 
-    /// Publishes the state of every file for health and metrics; systemd hears of the
-    /// bundle alone (`READY=1` never waits for another file).
+    /// Publishes the state of every target for health and metrics; systemd hears of the
+    /// bundle alone (`READY=1` never waits for another target).
     fn publish(&mut self) {
-        let (bundle, others) = self.files.split_first().expect("the bundle is a file");
+        let mut report = Report::default();
+        for target in &self.targets {
+            target.report(&mut report);
+        }
         let status = Status {
             file_watch: self.file_watch.clone(),
             kubelet: Some(self.kubelet.seen().clone()),
-            others: others
-                .iter()
-                .map(|f| f.status.clone())
-                .chain(self.sets.iter().flat_map(|s| s.statuses.iter().cloned()))
-                .collect(),
-            notes: self
-                .sets
-                .iter()
-                .map(|s| (format!("registries:{}", s.root().display()), s.note.clone()))
-                .collect(),
-            other_sources: self.sets.iter().flat_map(|s| s.sources()).collect(),
-            ..bundle.status.clone()
+            ..report.into_status()
         };
         self.notifier.status(&status.summary());
         self.notifier.ready(status.ready());
@@ -440,6 +336,17 @@ mod loop_tests {
 
     use super::*;
     use crate::bundle::test_certs;
+    use crate::targets::file::Managed;
+
+    impl Reconciler {
+        /// The target at `index`, which is a file.
+        fn file(&mut self, index: usize) -> &mut Managed {
+            self.targets[index]
+                .as_any_mut()
+                .downcast_mut()
+                .expect("a file")
+        }
+    }
 
     /// A reconciler over one `file:` source holding `source` (None: a FIFO, which is never
     /// opened: an unreadable source), with its bundle in `dir`.
@@ -492,27 +399,27 @@ mod loop_tests {
         let (status, _status_rx) = watch::channel(Arc::default());
         let mut reconciler = Reconciler::new(&common, Arc::default(), status);
         reconciler.start();
-        let content = |r: &Reconciler, file: usize, slot: usize| {
-            r.files[file].slots[slot]
+        let content = |r: &mut Reconciler, file: usize, slot: usize| {
+            r.file(file).slots[slot]
                 .source
                 .content
                 .as_ref()
                 .map(|c| c.certificates[0].subject_cn.clone())
         };
-        assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b"));
+        assert_eq!(content(&mut reconciler, 1, 0).as_deref(), Some("b"));
 
         // Changed with no event: not seen before the re-verification...
         std::fs::write(&bundle_source, pem("a2")).unwrap();
         std::fs::write(&cloud_source, pem("b2")).unwrap();
         assert!(!reconciler.take_due(Instant::now()));
-        assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b"));
+        assert_eq!(content(&mut reconciler, 1, 0).as_deref(), Some("b"));
         // ...and read, in every file, when it is due; the cluster source is not read.
         let due = reconciler.verify_at;
         assert!(reconciler.take_due(due));
-        assert_eq!(content(&reconciler, 0, 0).as_deref(), Some("a2"));
-        assert_eq!(content(&reconciler, 1, 0).as_deref(), Some("b2"));
-        assert_eq!(reconciler.files[0].schedule.read_at(1), None);
-        assert!(reconciler.files[0].slots[1].source.content.is_none());
+        assert_eq!(content(&mut reconciler, 0, 0).as_deref(), Some("a2"));
+        assert_eq!(content(&mut reconciler, 1, 0).as_deref(), Some("b2"));
+        assert_eq!(reconciler.file(0).schedule.read_at(1), None);
+        assert!(reconciler.file(0).slots[1].source.content.is_none());
     }
 
     /// An unreadable source is read again from 1 s, doubling to a minute, and then every
@@ -526,8 +433,8 @@ mod loop_tests {
         let mut at = start;
         let mut delays = Vec::new();
         for _ in 0..12 {
-            reconciler.files[0].read_local(0, at);
-            let next = reconciler.files[0]
+            reconciler.file(0).read_local(0, at);
+            let next = reconciler.file(0)
                 .schedule
                 .read_at(0)
                 .expect("a retry is scheduled");
@@ -538,10 +445,10 @@ mod loop_tests {
 
         let dir = tempfile::tempdir().unwrap();
         let (mut reconciler, _status) = reconciler_for(dir.path(), Some(b"not a certificate"));
-        reconciler.files[0].read_local(0, Instant::now());
-        assert!(!reconciler.files[0].slots[0].source.up);
+        reconciler.file(0).read_local(0, Instant::now());
+        assert!(!reconciler.file(0).slots[0].source.up);
         assert_eq!(
-            reconciler.files[0].schedule.read_at(0),
+            reconciler.file(0).schedule.read_at(0),
             None,
             "rejected content is retried"
         );
@@ -610,7 +517,6 @@ mod loop_tests {
         );
 
         let (_updates_tx, updates) = mpsc::unbounded_channel();
-        let (_registry_tx, registry_updates) = mpsc::unbounded_channel();
         let (files_tx, files) = mpsc::unbounded_channel();
         files_tx.send(FsEvent::Health(None)).unwrap();
         files_tx
@@ -622,7 +528,6 @@ mod loop_tests {
         let (_liveness, pongs) = crate::server::liveness();
         let inputs = Inputs {
             updates,
-            registry_updates,
             files,
             pongs,
             sigterm: signal(SignalKind::terminate()).unwrap(),

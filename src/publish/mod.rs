@@ -34,7 +34,7 @@ use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceReasonLabels};
 use crate::registry::Entries;
 use crate::server::endpoint::Endpoint;
 use crate::server::{self, Pongs};
-use crate::source::cluster::{self, Event, Raw};
+use crate::source::cluster::{self, Content, Event, Raw, Update};
 use crate::source::lifecycle::{self, Backoff, Failure};
 use crate::source::state::SourceState;
 use crate::source::{SourceError, SourceSpec};
@@ -102,14 +102,6 @@ fn all_sources(args: &Publish) -> Vec<SourceSpec> {
         .collect()
 }
 
-/// What a cluster source gives: certificates (of the bundle, of the cloud CA), or a
-/// registry source's entries.
-#[derive(Debug, Clone)]
-enum Content {
-    Bundle(SourceCertificates),
-    Entries(Arc<Entries>),
-}
-
 /// How each source's content is read: the flags never let one spec be both a bundle's
 /// source and a registry source (the configuration refuses it).
 fn content_of(
@@ -121,7 +113,7 @@ fn content_of(
         if registry_specs.contains(spec) {
             cluster::registry_content(spec, raw).map(|e| Content::Entries(Arc::new(e)))
         } else {
-            cluster::bundle_content(spec, raw).map(Content::Bundle)
+            cluster::bundle_content(spec, raw).map(Content::Certificates)
         }
     }
 }
@@ -172,7 +164,7 @@ async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Res
                     registries_read = false;
                 }
             }
-            Ok(Content::Bundle(parsed)) => {
+            Ok(Content::Certificates(parsed)) => {
                 crate::source::warn_not_ca(spec, &parsed);
                 if index < bundles {
                     sources.push(parsed);
@@ -328,14 +320,6 @@ struct Applied {
     repair: bool,
 }
 
-/// One update of a source, for the loop.
-struct SourceUpdate {
-    /// The source's position in [`all_sources`].
-    index: usize,
-    event: Event<Content>,
-    at: Instant,
-}
-
 struct Publisher {
     to: ConfigMapRef,
     label: String,
@@ -452,7 +436,7 @@ async fn watch_and_publish(
         &specs,
         content_of(&args),
         move |index, event, at| {
-            let _ = update_tx.send(SourceUpdate { index, event, at });
+            let _ = update_tx.send(Update { index, event, at });
         },
     );
     let (input_tx, mut inputs) = mpsc::unbounded_channel();
@@ -568,7 +552,7 @@ const CONFIGMAP_SYNC_ERRORS: &[&[&str]] = &[
 ];
 
 impl Publisher {
-    fn on_update(&mut self, update: SourceUpdate) {
+    fn on_update(&mut self, update: Update) {
         // As in the node agent: no usable credentials is a sync that cannot happen.
         if let Event::Failed(e) | Event::WatchRestart(e) = &update.event
             && e.reason() == "credentials"
@@ -583,10 +567,7 @@ impl Publisher {
         }
         let (bundles, clouds) = (self.slots.len(), self.cloud_slots.len());
         if update.index < bundles + clouds {
-            let event = update.event.filter_map(|c| match c {
-                Content::Bundle(c) => Some(c),
-                Content::Entries(_) => None,
-            });
+            let event = update.event.filter_map(Content::certificates);
             let slot = match update.index.checked_sub(bundles) {
                 None => &mut self.slots[update.index],
                 Some(cloud) => &mut self.cloud_slots[cloud],
@@ -609,7 +590,7 @@ impl Publisher {
                     self.pending_since.get_or_insert(update.at);
                 }
             }
-            Event::Content(Content::Bundle(_)) => {}
+            Event::Content(Content::Certificates(_)) => {}
             Event::Failed(error) => slot.source.failed(&error, false, &self.metrics),
             Event::WatchRestart(error) => slot.source.failed(&error, true, &self.metrics),
         }

@@ -30,7 +30,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use kube::core::Status;
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::lifecycle::{self, Action, Failure, Happened, Report, Watch};
 use super::{DEFAULT_CONTROLLERCONFIG_FIELD, Keys, SourceError, SourceSpec, parse_parts};
@@ -67,17 +66,42 @@ pub const WATCH_SILENCE: Duration = Duration::from_secs(120);
 /// taken for dead. Resuming costs one watch request served from the watch cache; never a list.
 pub const WATCH_TIMEOUT_SECONDS: u32 = 100;
 
-/// One update from a source, for the reconciliation loop.
+/// One update from a source, for the loop that reads it.
 #[derive(Debug)]
 pub struct Update {
-    /// Position of the source in the list the watches were started for (`--source` order,
-    /// or the sources of every managed file, flattened).
+    /// Position of the source in the list the watches were started for (every target's
+    /// sources, flattened, in the order of the targets).
     pub index: usize,
-    pub event: SourceEvent,
+    pub event: Event<Content>,
     /// When the update arrived (for a cluster source, the watch event or list answer as it
     /// came in, before the object was parsed and validated): the start of
     /// `kubelet_ca_sync_duration_seconds`.
     pub at: Instant,
+}
+
+/// What a source gives its target: certificates (for a file), or a registry set's entries.
+#[derive(Debug, Clone)]
+pub enum Content {
+    Certificates(SourceCertificates),
+    Entries(Arc<registry::Entries>),
+}
+
+impl Content {
+    /// The certificates, when this is what it holds.
+    pub fn certificates(self) -> Option<SourceCertificates> {
+        match self {
+            Content::Certificates(c) => Some(c),
+            Content::Entries(_) => None,
+        }
+    }
+
+    /// The entries, when this is what it holds.
+    pub fn entries(self) -> Option<Arc<registry::Entries>> {
+        match self {
+            Content::Entries(e) => Some(e),
+            Content::Certificates(_) => None,
+        }
+    }
 }
 
 /// What the watch of one object tells its loop: for a source, `T` is its certificates.
@@ -678,25 +702,6 @@ where
     list.items.into_iter().next().ok_or(SourceError::NotFound {
         spec: spec.to_string(),
     })
-}
-
-/// Starts one watch per object that the cluster sources among `sources` read, each sending
-/// every spec of its object its changes with the spec's position in `sources`: the
-/// certificates of a PEM source ([`bundle_content`]).
-pub fn watch_sources(
-    credentials: &Credentials,
-    sources: &[SourceSpec],
-    updates: &UnboundedSender<Update>,
-) {
-    let updates = updates.clone();
-    watch_objects(
-        credentials,
-        sources,
-        bundle_content,
-        move |index, event, at| {
-            let _ = updates.send(Update { index, event, at });
-        },
-    );
 }
 
 /// Starts one watch per object that the cluster sources among `sources` read (SPEC 4b: one

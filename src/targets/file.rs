@@ -14,12 +14,14 @@ use super::policy::{
     Action, BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE, Backoff, Facts, Seen, WRITE_RETRY_WAIT, decide,
 };
 use super::schedule::Schedule;
+use super::{Kept, Report};
+use crate::registry::CreatedRecord;
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
 use crate::exec::Hooks;
 use crate::fsutil::Stat;
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
 use crate::source::SourceSpec;
-use crate::source::cluster::SourceEvent;
+use crate::source::cluster::{Content, Event, SourceEvent};
 use crate::source::local;
 use crate::source::state::SourceState;
 use crate::status::{Status, TargetKind, unix_now};
@@ -153,53 +155,8 @@ impl Managed {
         }
     }
 
-    /// Reads the local sources that are due at `now`; true when a pass is called for.
-    pub(crate) fn take_due(&mut self, now: Instant) -> bool {
-        let (reads, work) = self.schedule.take_due(now);
-        for local in reads {
-            self.read_local(local, now);
-        }
-        work
-    }
 
-    /// Bytes of the bundle last built (0 when none), to decide whether memory is given back.
-    pub(crate) fn built_len(&self) -> usize {
-        self.desired.as_ref().map_or(0, |d| d.rendered.len())
-    }
 
-    /// Adopts the file on disk, reads its local sources, and runs the first pass. No API
-    /// call happens here, so a valid file makes the agent ready at once.
-    pub(crate) fn start(&mut self) {
-        self.target.prepare();
-        let on_disk = self
-            .target
-            .writer()
-            .read_current()
-            .unwrap_or(OnDisk::Missing);
-        self.memory = self.target.remembered(on_disk.bytes());
-        let now_unix = OffsetDateTime::now_utc().unix_timestamp();
-        if let OnDisk::Regular { bytes, stat } = on_disk
-            && let Ok(parsed) = bundle::parse_source(&bytes)
-        {
-            let adopted = Adopted {
-                bytes: bytes.into(),
-                certificates: parsed.certificates,
-            };
-            if adopted.valid_at(now_unix) {
-                tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
-                self.last_written = Some(Fingerprint::of(&adopted.bytes));
-                self.owner = self.is_root.then_some((stat.uid, stat.gid));
-                self.adopted = Some(adopted);
-            }
-        }
-        let now = Instant::now();
-        for index in 0..self.slots.len() {
-            if !self.slots[index].source.spec.is_cluster() {
-                self.read_local(index, now);
-            }
-        }
-        self.reconcile();
-    }
 
     /// Reads a `file:` or `dir:` source (by its position among this file's sources) now; a
     /// read that failed is retried with backoff.
@@ -212,11 +169,11 @@ impl Managed {
             Ok(content) => SourceEvent::Content(content),
             Err(error) => SourceEvent::Failed(error),
         };
-        self.on_update(index, event, at);
+        self.observe(index, event, at);
     }
 
     /// A source's news (by its position among this file's sources).
-    pub(crate) fn on_update(&mut self, index: usize, event: SourceEvent, at: Instant) {
+    pub(crate) fn observe(&mut self, index: usize, event: SourceEvent, at: Instant) {
         // Without usable credentials no cluster source can be read: a sync that cannot
         // happen, counted as such (once per change of the problem, as the source sends it).
         if let SourceEvent::Failed(e) | SourceEvent::WatchRestart(e) = &event
@@ -231,11 +188,6 @@ impl Managed {
         self.schedule.due = true;
     }
 
-    /// One pass over this file.
-    pub(crate) fn reconcile(&mut self) {
-        self.schedule.due = false;
-        self.pass();
-    }
 
     /// backoff says wait. Then publishes the state.
     fn pass(&mut self) {
@@ -526,34 +478,6 @@ impl Managed {
         self.metrics.sync_errors.get_or_create(&labels).inc();
     }
 
-    /// Time until the next instant the bundle's validity can change: a certificate's
-    /// notBefore or notAfter, or a retained certificate's window ending.
-    pub(crate) fn next_boundary(&self) -> Duration {
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        let certificates = self
-            .slots
-            .iter()
-            .filter_map(|s| s.source.content.as_ref())
-            .flat_map(|c| c.certificates.iter());
-        let adopted = self
-            .adopted
-            .iter()
-            .filter(|_| self.desired.is_none())
-            .flat_map(|a| a.certificates.iter());
-        let instants = certificates
-            .chain(adopted)
-            .chain(self.memory.iter().map(|r| &r.certificate))
-            .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
-            .chain(
-                self.memory
-                    .iter()
-                    .filter_map(|r| Some(r.missing_since? + self.policy.retain_removed)),
-            );
-        let next = instants.filter(|&t| t > now).min();
-        next.map_or(BOUNDARY_RECHECK_MAX, |t| {
-            Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
-        })
-    }
 
     /// Why the file can be said neither in sync nor out of sync: a source has not been
     /// read yet, so there is no bundle to compare it with.
@@ -685,5 +609,113 @@ impl Managed {
             other_sources: Vec::new(),
         };
         self.status = status;
+    }
+}
+
+impl Kept for Managed {
+    fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    fn schedule_mut(&mut self) -> &mut Schedule {
+        &mut self.schedule
+    }
+
+    fn on_update(&mut self, local: usize, event: Event<Content>, at: Instant) {
+        if let Some(event) = event.filter_map(Content::certificates) {
+            self.observe(local, event, at);
+        }
+    }
+
+    fn report(&self, report: &mut Report) {
+        report.files.push(self.status.clone());
+    }
+
+    #[cfg(test)]
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    /// Reads the local sources that are due at `now`; true when a pass is called for.
+    fn take_due(&mut self, now: Instant) -> bool {
+        let (reads, work) = self.schedule.take_due(now);
+        for local in reads {
+            self.read_local(local, now);
+        }
+        work
+    }
+
+    /// Bytes of the bundle last built (0 when none), to decide whether memory is given back.
+    fn built_len(&self) -> usize {
+        self.desired.as_ref().map_or(0, |d| d.rendered.len())
+    }
+
+    /// Adopts the file on disk, reads its local sources, and runs the first pass. No API
+    /// call happens here, so a valid file makes the agent ready at once.
+    fn start(&mut self, created: &mut CreatedRecord) {
+        self.target.prepare();
+        let on_disk = self
+            .target
+            .writer()
+            .read_current()
+            .unwrap_or(OnDisk::Missing);
+        self.memory = self.target.remembered(on_disk.bytes());
+        let now_unix = OffsetDateTime::now_utc().unix_timestamp();
+        if let OnDisk::Regular { bytes, stat } = on_disk
+            && let Ok(parsed) = bundle::parse_source(&bytes)
+        {
+            let adopted = Adopted {
+                bytes: bytes.into(),
+                certificates: parsed.certificates,
+            };
+            if adopted.valid_at(now_unix) {
+                tracing::info!(bundle = %self.file.filepath, "adopted the valid bundle already in place");
+                self.last_written = Some(Fingerprint::of(&adopted.bytes));
+                self.owner = self.is_root.then_some((stat.uid, stat.gid));
+                self.adopted = Some(adopted);
+            }
+        }
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            if !self.slots[index].source.spec.is_cluster() {
+                self.read_local(index, now);
+            }
+        }
+        self.reconcile(created);
+    }
+
+    /// One pass over this file.
+    fn reconcile(&mut self, _created: &mut CreatedRecord) {
+        self.schedule.due = false;
+        self.pass();
+    }
+
+    /// Time until the next instant the bundle's validity can change: a certificate's
+    /// notBefore or notAfter, or a retained certificate's window ending.
+    fn next_boundary(&self) -> Duration {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let certificates = self
+            .slots
+            .iter()
+            .filter_map(|s| s.source.content.as_ref())
+            .flat_map(|c| c.certificates.iter());
+        let adopted = self
+            .adopted
+            .iter()
+            .filter(|_| self.desired.is_none())
+            .flat_map(|a| a.certificates.iter());
+        let instants = certificates
+            .chain(adopted)
+            .chain(self.memory.iter().map(|r| &r.certificate))
+            .flat_map(|c| [c.not_before, c.not_after.saturating_add(1)])
+            .chain(
+                self.memory
+                    .iter()
+                    .filter_map(|r| Some(r.missing_since? + self.policy.retain_removed)),
+            );
+        let next = instants.filter(|&t| t > now).min();
+        next.map_or(BOUNDARY_RECHECK_MAX, |t| {
+            Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
+        })
     }
 }

@@ -24,28 +24,20 @@ use time::OffsetDateTime;
 
 use super::policy::{BOUNDARY_RECHECK_MAX, Backoff};
 use super::schedule::Schedule;
+use super::{Kept, Report};
 use crate::bundle::{self, Fingerprint};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
 use crate::registry::{
     self, CaFile, Created, CreatedRecord, Entries, Listing, OnDisk as RegistryOnDisk, Plan,
     ProblemKind, RegistryName, Root, Why,
 };
-use crate::source::cluster::Event;
+use crate::source::cluster::{Content, Event};
 use crate::source::state::SourceState;
 use crate::source::{SourceSpec, local};
 use crate::state::Book;
 use crate::status::{Status, TargetKind, unix_now};
 use crate::writer::history::History;
 use crate::writer::{BundleWriter, OnDisk, Outcome};
-
-/// One update of a registry set's cluster source, for the loop.
-#[derive(Debug)]
-pub struct RegistryUpdate {
-    /// Position of the source among all the loop's sources (the files' first).
-    pub index: usize,
-    pub event: Event<Arc<Entries>>,
-    pub at: Instant,
-}
 
 /// What the loop knows about one entry source.
 struct RegistrySlot {
@@ -141,37 +133,7 @@ impl RegistrySet {
         }
     }
 
-    /// Reads the `dir:` sources that are due at `now`; true when a pass is called for.
-    pub(crate) fn take_due(&mut self, now: Instant) -> bool {
-        let (reads, work) = self.schedule.take_due(now);
-        for local in reads {
-            self.read_local(local, now);
-        }
-        work
-    }
 
-    /// Reads the `dir:` sources, and runs the first pass. No API call happens here.
-    pub(crate) fn start(&mut self, record: &mut CreatedRecord) {
-        // Temporary files a killed write left in the registry directories (SPEC 5): they
-        // would keep a directory the agent made from going with its registry.
-        if let Some(created) = record.sets.get(&self.dir) {
-            for name in created.directories.iter().chain(&created.files) {
-                if RegistryName::parse(name).is_ok()
-                    && let Err(e) =
-                        crate::writer::atomic::remove_stale_temp_files(&self.root.join(name))
-                {
-                    tracing::warn!(dir = %self.root.join(name).display(), "cannot remove stale temporary files: {e}");
-                }
-            }
-        }
-        let now = Instant::now();
-        for index in 0..self.slots.len() {
-            if !self.slots[index].source.spec.is_cluster() {
-                self.read_local(index, now);
-            }
-        }
-        self.reconcile(record);
-    }
 
     /// Reads a `dir:` source now; a read that failed is retried with backoff.
     pub(crate) fn read_local(&mut self, index: usize, at: Instant) {
@@ -182,11 +144,11 @@ impl RegistrySet {
             Ok(entries) => Event::Content(Arc::new(entries)),
             Err(error) => Event::Failed(error),
         };
-        self.on_update(index, event, at);
+        self.observe(index, event, at);
     }
 
     /// A source's news (by its position among this set's sources).
-    pub(crate) fn on_update(&mut self, index: usize, event: Event<Arc<Entries>>, at: Instant) {
+    pub(crate) fn observe(&mut self, index: usize, event: Event<Arc<Entries>>, at: Instant) {
         let slot = &mut self.slots[index];
         let was_up = slot.source.up;
         match event {
@@ -208,82 +170,14 @@ impl RegistrySet {
         self.schedule.due |= slot.source.up != was_up;
     }
 
-    /// Time until a registry file's validity changes.
-    pub(crate) fn next_boundary(&self) -> Duration {
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        self.boundary
-            .filter(|&t| t > now)
-            .map_or(BOUNDARY_RECHECK_MAX, |t| {
-                Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
-            })
-    }
 
-    /// Its sources' state, as of now.
-    pub(crate) fn sources(&self) -> Vec<crate::status::SourceStatus> {
-        self.slots.iter().map(|s| s.source.status()).collect()
-    }
 
-    /// The set's directory, absolute.
-    pub(crate) fn root(&self) -> &Path {
-        &self.root
-    }
 
     /// The path of a registry's file.
     fn path_of(&self, dir: &str) -> PathBuf {
         self.root.join(dir).join(registry::plan::CA_FILE)
     }
 
-    /// One pass over the set: builds what the sources want, looks at DIR, does what the
-    /// plan says, and records it in `record` (saved by the caller when it changed).
-    pub(crate) fn reconcile(&mut self, record: &mut CreatedRecord) {
-        self.schedule.due = false;
-        let now = OffsetDateTime::now_utc();
-        let at = Instant::now();
-        let created = record.sets.get(&self.dir).cloned().unwrap_or_default();
-        let unread: Vec<String> = self
-            .slots
-            .iter()
-            .filter(|s| s.entries.is_none())
-            .map(|s| s.source.name.clone())
-            .collect();
-        if !unread.is_empty() {
-            // The first source naming a registry wins: until each has been read, what the
-            // others say may be shadowed, and a registry missing from them may only be
-            // unread. Nothing is written or removed meanwhile; the files stand as found.
-            self.unknown(&created, &unread);
-            return;
-        }
-        let merged = registry::merge(
-            self.slots
-                .iter()
-                .filter_map(|s| s.entries.as_deref().cloned()),
-        );
-        let boundary_passed = self.boundary.is_some_and(|b| b <= now.unix_timestamp());
-        let built = match self.built.take() {
-            Some((last, built)) if last == merged && !boundary_passed => (last, built),
-            _ => {
-                let built = registry::build(merged.clone(), now.unix_timestamp());
-                (merged, built)
-            }
-        };
-        let built = &self.built.insert(built).1.clone();
-        self.say(built);
-        let names = registry::to_look_at(&created, &built.desired);
-        let (listing, found) = self.list(&names);
-        let plan = registry::plan(&created, &built.desired, &listing);
-        let mut outcome = self.apply(&plan, &found, now, at);
-        let mut kept = plan.record.clone();
-        outcome.correct(&mut kept);
-        if kept.is_empty() {
-            record.sets.remove(&self.dir);
-        } else {
-            record.sets.insert(self.dir.clone(), kept);
-        }
-        self.describe(built, &plan, &found, &outcome, now.unix_timestamp());
-        if outcome.errors.is_empty() && self.statuses.iter().all(|s| s.in_sync == Some(true)) {
-            self.pending_since = None;
-        }
-    }
 
     /// What a pass would do, one line each, without doing it (`sync --dry-run`). Every
     /// source must have been read.
@@ -882,6 +776,130 @@ impl RegistrySet {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+}
+
+impl Kept for RegistrySet {
+    fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    fn schedule_mut(&mut self) -> &mut Schedule {
+        &mut self.schedule
+    }
+
+    fn on_update(&mut self, local: usize, event: Event<Content>, at: Instant) {
+        if let Some(event) = event.filter_map(Content::entries) {
+            self.observe(local, event, at);
+        }
+    }
+
+    fn report(&self, report: &mut Report) {
+        report.files.extend(self.statuses.iter().cloned());
+        report.notes.push((
+            format!("registries:{}", self.root.display()),
+            self.note.clone(),
+        ));
+        report.sources.extend(self.slots.iter().map(|s| s.source.status()));
+    }
+
+    #[cfg(test)]
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    /// Reads the `dir:` sources that are due at `now`; true when a pass is called for.
+    fn take_due(&mut self, now: Instant) -> bool {
+        let (reads, work) = self.schedule.take_due(now);
+        for local in reads {
+            self.read_local(local, now);
+        }
+        work
+    }
+
+    /// Reads the `dir:` sources, and runs the first pass. No API call happens here.
+    fn start(&mut self, record: &mut CreatedRecord) {
+        // Temporary files a killed write left in the registry directories (SPEC 5): they
+        // would keep a directory the agent made from going with its registry.
+        if let Some(created) = record.sets.get(&self.dir) {
+            for name in created.directories.iter().chain(&created.files) {
+                if RegistryName::parse(name).is_ok()
+                    && let Err(e) =
+                        crate::writer::atomic::remove_stale_temp_files(&self.root.join(name))
+                {
+                    tracing::warn!(dir = %self.root.join(name).display(), "cannot remove stale temporary files: {e}");
+                }
+            }
+        }
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            if !self.slots[index].source.spec.is_cluster() {
+                self.read_local(index, now);
+            }
+        }
+        self.reconcile(record);
+    }
+
+    /// One pass over the set: builds what the sources want, looks at DIR, does what the
+    /// plan says, and records it in `record` (saved by the caller when it changed).
+    fn reconcile(&mut self, record: &mut CreatedRecord) {
+        self.schedule.due = false;
+        let now = OffsetDateTime::now_utc();
+        let at = Instant::now();
+        let created = record.sets.get(&self.dir).cloned().unwrap_or_default();
+        let unread: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|s| s.entries.is_none())
+            .map(|s| s.source.name.clone())
+            .collect();
+        if !unread.is_empty() {
+            // The first source naming a registry wins: until each has been read, what the
+            // others say may be shadowed, and a registry missing from them may only be
+            // unread. Nothing is written or removed meanwhile; the files stand as found.
+            self.unknown(&created, &unread);
+            return;
+        }
+        let merged = registry::merge(
+            self.slots
+                .iter()
+                .filter_map(|s| s.entries.as_deref().cloned()),
+        );
+        let boundary_passed = self.boundary.is_some_and(|b| b <= now.unix_timestamp());
+        let built = match self.built.take() {
+            Some((last, built)) if last == merged && !boundary_passed => (last, built),
+            _ => {
+                let built = registry::build(merged.clone(), now.unix_timestamp());
+                (merged, built)
+            }
+        };
+        let built = &self.built.insert(built).1.clone();
+        self.say(built);
+        let names = registry::to_look_at(&created, &built.desired);
+        let (listing, found) = self.list(&names);
+        let plan = registry::plan(&created, &built.desired, &listing);
+        let mut outcome = self.apply(&plan, &found, now, at);
+        let mut kept = plan.record.clone();
+        outcome.correct(&mut kept);
+        if kept.is_empty() {
+            record.sets.remove(&self.dir);
+        } else {
+            record.sets.insert(self.dir.clone(), kept);
+        }
+        self.describe(built, &plan, &found, &outcome, now.unix_timestamp());
+        if outcome.errors.is_empty() && self.statuses.iter().all(|s| s.in_sync == Some(true)) {
+            self.pending_since = None;
+        }
+    }
+
+    /// Time until a registry file's validity changes.
+    fn next_boundary(&self) -> Duration {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        self.boundary
+            .filter(|&t| t > now)
+            .map_or(BOUNDARY_RECHECK_MAX, |t| {
+                Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
+            })
     }
 }
 
