@@ -434,7 +434,8 @@ mod loop_tests {
         let mut delays = Vec::new();
         for _ in 0..12 {
             reconciler.file(0).read_local(0, at);
-            let next = reconciler.file(0)
+            let next = reconciler
+                .file(0)
                 .schedule
                 .read_at(0)
                 .expect("a retry is scheduled");

@@ -15,11 +15,11 @@ use super::policy::{
 };
 use super::schedule::Schedule;
 use super::{Kept, Report};
-use crate::registry::CreatedRecord;
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
 use crate::exec::Hooks;
 use crate::fsutil::Stat;
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
+use crate::registry::CreatedRecord;
 use crate::source::SourceSpec;
 use crate::source::cluster::{Content, Event, SourceEvent};
 use crate::source::local;
@@ -155,9 +155,6 @@ impl Managed {
         }
     }
 
-
-
-
     /// Reads a `file:` or `dir:` source (by its position among this file's sources) now; a
     /// read that failed is retried with backoff.
     pub(crate) fn read_local(&mut self, index: usize, at: Instant) {
@@ -187,7 +184,6 @@ impl Managed {
         }
         self.schedule.due = true;
     }
-
 
     /// backoff says wait. Then publishes the state.
     fn pass(&mut self) {
@@ -477,7 +473,6 @@ impl Managed {
         };
         self.metrics.sync_errors.get_or_create(&labels).inc();
     }
-
 
     /// Why the file can be said neither in sync nor out of sync: a source has not been
     /// read yet, so there is no bundle to compare it with.

@@ -34,7 +34,11 @@ use schedule::Schedule;
 /// Every target of `common`, in the order of their sources (a source's position among all
 /// of them is how its news finds its target): the bundle, each `--manage` file, each
 /// `--manage-registries` set. Records are written off the loop, each failure counted.
-pub(crate) fn all(common: &config::Common, metrics: &Arc<Metrics>, book: &Book) -> Vec<Box<dyn Kept>> {
+pub(crate) fn all(
+    common: &config::Common,
+    metrics: &Arc<Metrics>,
+    book: &Book,
+) -> Vec<Box<dyn Kept>> {
     let hooks = common.exec_on_change.clone().map(|command| {
         let failures = metrics.clone();
         Hooks::start(

@@ -133,8 +133,6 @@ impl RegistrySet {
         }
     }
 
-
-
     /// Reads a `dir:` source now; a read that failed is retried with backoff.
     pub(crate) fn read_local(&mut self, index: usize, at: Instant) {
         let result = local::registry_entries(&self.slots[index].source.spec);
@@ -170,14 +168,10 @@ impl RegistrySet {
         self.schedule.due |= slot.source.up != was_up;
     }
 
-
-
-
     /// The path of a registry's file.
     fn path_of(&self, dir: &str) -> PathBuf {
         self.root.join(dir).join(registry::plan::CA_FILE)
     }
-
 
     /// What a pass would do, one line each, without doing it (`sync --dry-run`). Every
     /// source must have been read.
@@ -800,7 +794,9 @@ impl Kept for RegistrySet {
             format!("registries:{}", self.root.display()),
             self.note.clone(),
         ));
-        report.sources.extend(self.slots.iter().map(|s| s.source.status()));
+        report
+            .sources
+            .extend(self.slots.iter().map(|s| s.source.status()));
     }
 
     #[cfg(test)]
