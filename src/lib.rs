@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod fsutil;
+pub mod kubeconfig;
 pub mod kubelet_config;
 pub mod logging;
 pub mod metrics;
