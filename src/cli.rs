@@ -187,6 +187,22 @@ pub struct CommonArgs {
         value_parser = parse_manage
     )]
     pub manage: Vec<ManageSpec>,
+    /// A kubeconfig whose cluster's certificate-authority-data to keep equal to the bundle of
+    /// these sources (same forms as --source; repeat the flag; in the environment, separate
+    /// kubeconfigs with ';'), e.g.
+    /// /var/lib/kubelet/kubeconfig=configmap:openshift-machine-config-operator/kubeconfig-data.
+    /// The cluster is the current context's, or the only one. Nothing else in the file
+    /// changes. A CA is added at once; one is dropped only once the new CA data alone
+    /// verifies the certificate that the kubeconfig's server presents (on several fresh
+    /// connections): until then the dropped CAs stay, and /readyz?verbose says why.
+    #[arg(
+        long = "manage-kubeconfig",
+        value_name = "PATH=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE_KUBECONFIG",
+        value_delimiter = ';',
+        value_parser = parse_manage
+    )]
+    pub manage_kubeconfig: Vec<ManageSpec>,
     /// A set of registry CA files under DIR, one DIR/<host[:port]>/ca.crt for each entry of
     /// the sources (repeat the flag; in the environment, separate sets with ';'), e.g.
     /// /etc/docker/certs.d=controllerconfig:machine-config-controller/imageRegistryBundleData,controllerconfig:machine-config-controller/imageRegistryBundleUserData.

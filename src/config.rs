@@ -36,30 +36,42 @@ pub struct Common {
     pub manage: Vec<ManageSpec>,
     /// The registry sets, each under its own directory, none overlapping a managed file.
     pub manage_registries: Vec<RegistriesSpec>,
+    /// The kubeconfigs whose CA data is kept (`--manage-kubeconfig`).
+    pub manage_kubeconfig: Vec<ManageSpec>,
 }
 
 impl Common {
-    /// Every managed file's sources, the bundle's first, then each `--manage` file's in
-    /// order: the positions source updates and file events carry.
+    /// Every target's sources in the order of the targets: the bundle's first, then each
+    /// `--manage` file's, each `--manage-kubeconfig`'s, each registry set's: the positions
+    /// source updates carry.
     pub fn all_sources(&self) -> Vec<SourceSpec> {
         self.sources
             .iter()
             .chain(self.manage.iter().flat_map(|m| m.sources.iter()))
+            .chain(self.manage_kubeconfig.iter().flat_map(|m| m.sources.iter()))
             .chain(self.manage_registries.iter().flat_map(|r| r.sources.iter()))
             .cloned()
             .collect()
     }
 
-    /// How many of [`Common::all_sources`] are sources of files (the bundle's and the
-    /// `--manage` files'); the registry sets' come after them.
+    /// How many of [`Common::all_sources`] are sources of files (the bundle's, the
+    /// `--manage` files' and the kubeconfigs'); the registry sets' come after them.
     pub fn file_sources(&self) -> usize {
-        self.sources.len() + self.manage.iter().map(|m| m.sources.len()).sum::<usize>()
+        self.sources.len()
+            + self
+                .manage
+                .iter()
+                .chain(&self.manage_kubeconfig)
+                .map(|m| m.sources.len())
+                .sum::<usize>()
     }
 
-    /// The path of every managed file: the bundle, then each `--manage` file.
+    /// The path of every managed file in the order of the targets: the bundle, each
+    /// `--manage` file, each `--manage-kubeconfig`.
     pub fn managed_paths(&self) -> Vec<PathBuf> {
         std::iter::once(self.bundle.clone())
             .chain(self.manage.iter().map(|m| m.path.clone()))
+            .chain(self.manage_kubeconfig.iter().map(|m| m.path.clone()))
             .collect()
     }
 
@@ -87,6 +99,7 @@ impl Common {
             exec_on_change_timeout: Duration::from_secs(60),
             manage: Vec::new(),
             manage_registries: Vec::new(),
+            manage_kubeconfig: Vec::new(),
         }
     }
 

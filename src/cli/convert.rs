@@ -63,6 +63,7 @@ impl CommonArgs {
             exec_on_change_timeout: args.exec_on_change_timeout,
             manage: args.manage.clone(),
             manage_registries: args.manage_registries.clone(),
+            manage_kubeconfig: args.manage_kubeconfig.clone(),
         };
         check_managed_paths(&common).map_err(UsageError)?;
         if let Some(command) = &common.exec_on_change {
@@ -153,6 +154,19 @@ fn check_managed_paths(common: &config::Common) -> Result<(), String> {
         }
         seen.push((path, format!("--manage {}", manage.path.display())));
     }
+    for kubeconfig in &common.manage_kubeconfig {
+        let path = absolute(&kubeconfig.path);
+        if let Some((_, first)) = seen.iter().find(|(p, _)| *p == path) {
+            return Err(format!(
+                "--manage-kubeconfig {}: that file is already managed ({first}); each file can have one set of sources",
+                kubeconfig.path.display()
+            ));
+        }
+        seen.push((
+            path,
+            format!("--manage-kubeconfig {}", kubeconfig.path.display()),
+        ));
+    }
     let mut roots: Vec<PathBuf> = Vec::new();
     for set in &common.manage_registries {
         let dir = absolute(&set.dir);
@@ -177,6 +191,12 @@ fn check_managed_paths(common: &config::Common) -> Result<(), String> {
         .sources
         .iter()
         .chain(common.manage.iter().flat_map(|m| m.sources.iter()))
+        .chain(
+            common
+                .manage_kubeconfig
+                .iter()
+                .flat_map(|m| m.sources.iter()),
+        )
         .collect();
     for set in &common.manage_registries {
         if let Some(spec) = set.sources.iter().find(|s| file_specs.contains(s)) {

@@ -10,6 +10,9 @@
 //! document is written again from its parsed form. Either way the result is parsed back
 //! and must equal the old document with that one value changed, or nothing is returned.
 
+pub mod plan;
+pub mod reach;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value};

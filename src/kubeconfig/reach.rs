@@ -1,0 +1,370 @@
+//! Whether CA data verifies the certificate that a kubeconfig's server presents right now
+//! (SPEC 4c): the check that stands between the agent and a kubeconfig that locks a node
+//! out. Blocking network I/O with bounded waits: it runs on a thread of its own, never on
+//! the reconciliation loop.
+//!
+//! Each connection records the chain the server presents (the handshake's own signature
+//! is still checked), and the chain is then verified offline, as the kubelet's client
+//! would verify it, against each candidate CA set. Behind a load balancer, API servers in
+//! the middle of a rollout present certificates from both CAs: every one of several fresh
+//! connections must verify.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+use super::Cluster;
+
+/// Fresh connections a check makes; each must verify.
+pub const CONNECTIONS: usize = 3;
+
+/// The longest wait of one step (connect, a read, a write) of a connection.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a kubeconfig's server is, and the name its certificate must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// `https://HOST:PORT`, as the status and the logs name it.
+    pub shown: String,
+    host: String,
+    port: u16,
+    name: ServerName<'static>,
+    /// An HTTP proxy to tunnel through (`proxy-url`), as (host, port).
+    proxy: Option<(String, u16)>,
+    /// An `http://` server: no TLS, so the CA data is not used at all.
+    plain: bool,
+}
+
+impl Server {
+    /// The server of `cluster`, or why it cannot be checked.
+    pub fn of(cluster: &Cluster) -> Result<Server, String> {
+        let shown_server = crate::text::escape(&cluster.server).into_owned();
+        let uri: http::Uri = cluster
+            .server
+            .parse()
+            .map_err(|_| format!("its server {shown_server} is not a URL"))?;
+        let plain = match uri.scheme_str() {
+            Some("https") => false,
+            Some("http") => true,
+            _ => return Err(format!("its server {shown_server} is not an https URL")),
+        };
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("its server {shown_server} names no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if plain { 80 } else { 443 });
+        let name_text = cluster
+            .tls_server_name
+            .clone()
+            .unwrap_or_else(|| host.clone());
+        let name = ServerName::try_from(name_text.clone())
+            .map_err(|_| format!("{} is not a server name", crate::text::escape(&name_text)))?;
+        let proxy = match &cluster.proxy_url {
+            None => None,
+            Some(url) => {
+                let shown = crate::text::escape(url).into_owned();
+                let uri: http::Uri = url
+                    .parse()
+                    .map_err(|_| format!("its proxy-url {shown} is not a URL"))?;
+                if uri.scheme_str() != Some("http") {
+                    return Err(format!(
+                        "its proxy-url {shown} is not an http:// proxy, which is all the check can go through"
+                    ));
+                }
+                let host = uri
+                    .host()
+                    .ok_or_else(|| format!("its proxy-url {shown} names no host"))?;
+                Some((host.to_string(), uri.port_u16().unwrap_or(80)))
+            }
+        };
+        let shown = if host.contains(':') {
+            format!("https://[{host}]:{port}")
+        } else {
+            format!("https://{host}:{port}")
+        };
+        Ok(Server {
+            shown: crate::text::escape(&shown).into_owned(),
+            host,
+            port,
+            name,
+            proxy,
+            plain,
+        })
+    }
+}
+
+/// What a check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The certificate of every connection was verified against each CA set: `new` and
+    /// `old` say whether it verified against all of them.
+    Verified { new: bool, old: bool },
+    /// No certificate could be seen (refused, timed out, no TLS answer): nothing is known.
+    Unreachable(String),
+}
+
+impl Verdict {
+    /// Whether CAs may be dropped: the new CA data alone verifies what the server
+    /// presents, or neither does (the CA data on disk already fails, so keeping the
+    /// dropped CAs would save nothing).
+    pub fn allows_removal(&self) -> bool {
+        matches!(
+            self,
+            Verdict::Verified { new: true, .. } | Verdict::Verified { old: false, .. }
+        )
+    }
+}
+
+/// Connects to `server` [`CONNECTIONS`] times and verifies each presented chain against
+/// `new` and against `old` (PEM bundles).
+pub fn check(server: &Server, new: &[u8], old: &[u8]) -> Verdict {
+    if server.plain {
+        return Verdict::Verified {
+            new: true,
+            old: true,
+        };
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier_of = |pem: &[u8]| {
+        let mut roots = RootCertStore::empty();
+        for der in CertificateDer::pem_slice_iter(pem).flatten() {
+            let _ = roots.add(der);
+        }
+        WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .build()
+            .ok()
+    };
+    let (new_verifier, old_verifier) = (verifier_of(new), verifier_of(old));
+    let verifies = |verifier: &Option<Arc<WebPkiServerVerifier>>, chain: &[CertificateDer]| {
+        verifier.as_ref().is_some_and(|v| {
+            v.verify_server_cert(&chain[0], &chain[1..], &server.name, &[], UnixTime::now())
+                .is_ok()
+        })
+    };
+    let (mut new_ok, mut old_ok) = (true, true);
+    for _ in 0..CONNECTIONS {
+        let chain = match presented_chain(server, &provider) {
+            Ok(chain) if !chain.is_empty() => chain,
+            Ok(_) => {
+                return Verdict::Unreachable(format!("{} presented no certificate", server.shown));
+            }
+            Err(why) => return Verdict::Unreachable(why),
+        };
+        new_ok &= verifies(&new_verifier, &chain);
+        old_ok &= verifies(&old_verifier, &chain);
+    }
+    Verdict::Verified {
+        new: new_ok,
+        old: old_ok,
+    }
+}
+
+/// One fresh connection's handshake, and the chain the server presented in it.
+fn presented_chain(
+    server: &Server,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Vec<CertificateDer<'static>>, String> {
+    let shown = &server.shown;
+    let mut socket = match &server.proxy {
+        None => connect(&server.host, server.port)
+            .map_err(|e| format!("cannot connect to {shown}: {e}"))?,
+        Some((host, port)) => tunnel(host, *port, &server.host, server.port)
+            .map_err(|e| format!("cannot reach {shown} through its proxy: {e}"))?,
+    };
+    let recorder = Arc::new(Recorder {
+        provider: provider.clone(),
+        chain: Mutex::default(),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(recorder.clone())
+        .with_no_client_auth();
+    let mut tls = rustls::ClientConnection::new(Arc::new(config), server.name.clone())
+        .map_err(|e| e.to_string())?;
+    while tls.is_handshaking() {
+        tls.complete_io(&mut socket)
+            .map_err(|e| format!("no TLS handshake with {shown}: {e}"))?;
+    }
+    let chain = recorder.chain.lock().map(|c| c.clone()).unwrap_or_default();
+    Ok(chain)
+}
+
+fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for address in (host, port).to_socket_addrs()? {
+        match TcpStream::connect_timeout(&address, STEP_TIMEOUT) {
+            Ok(socket) => {
+                socket.set_read_timeout(Some(STEP_TIMEOUT))?;
+                socket.set_write_timeout(Some(STEP_TIMEOUT))?;
+                return Ok(socket);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the name resolves to no address")))
+}
+
+/// A connection to `host:port` through an HTTP proxy's CONNECT.
+fn tunnel(proxy: &str, proxy_port: u16, host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let mut socket = connect(proxy, proxy_port)?;
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    write!(
+        socket,
+        "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+    )?;
+    let mut reader = BufReader::new(socket.try_clone()?);
+    let mut status = String::new();
+    reader.read_line(&mut status)?;
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(std::io::Error::other(format!(
+            "the proxy answered {}",
+            crate::text::escape(status.trim())
+        )));
+    }
+    // The rest of the answer's head; nothing follows it before the server speaks.
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
+            break;
+        }
+    }
+    Ok(socket)
+}
+
+/// Accepts whatever chain the server presents and keeps it, for the offline
+/// verification; the handshake's signature is verified as usual.
+#[derive(Debug)]
+struct Recorder {
+    provider: Arc<CryptoProvider>,
+    chain: Mutex<Vec<CertificateDer<'static>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Ok(mut chain) = self.chain.lock() {
+            *chain = std::iter::once(end_entity)
+                .chain(intermediates)
+                .map(|c| c.clone().into_owned())
+                .collect();
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(server: &str) -> Cluster {
+        Cluster {
+            name: "c".into(),
+            server: server.into(),
+            tls_server_name: None,
+            proxy_url: None,
+            ca_data: None,
+        }
+    }
+
+    #[test]
+    fn the_server_is_read_from_the_cluster_as_the_client_would() {
+        let s = Server::of(&cluster("https://api-int.example:6443")).unwrap();
+        assert_eq!(s.shown, "https://api-int.example:6443");
+        assert_eq!((s.host.as_str(), s.port), ("api-int.example", 6443));
+        let s = Server::of(&cluster("https://10.0.0.1")).unwrap();
+        assert_eq!(s.shown, "https://10.0.0.1:443");
+        let s = Server::of(&cluster("https://[fd00::1]:6443")).unwrap();
+        assert_eq!(s.host, "fd00::1");
+        assert_eq!(s.shown, "https://[fd00::1]:6443");
+        let mut named = cluster("https://10.0.0.1:6443");
+        named.tls_server_name = Some("kubernetes.default".into());
+        named.proxy_url = Some("http://proxy:3128".into());
+        let s = Server::of(&named).unwrap();
+        assert_eq!(s.name, ServerName::try_from("kubernetes.default").unwrap());
+        assert_eq!(s.proxy, Some(("proxy".to_string(), 3128)));
+        assert!(Server::of(&cluster("ftp://x")).is_err());
+        named.proxy_url = Some("socks5://proxy:1080".into());
+        assert!(
+            Server::of(&named)
+                .unwrap_err()
+                .contains("not an http:// proxy")
+        );
+    }
+
+    #[test]
+    fn removal_is_allowed_when_the_new_data_verifies_or_the_old_fails_too() {
+        let v = |new, old| Verdict::Verified { new, old }.allows_removal();
+        assert!(v(true, true));
+        assert!(v(true, false));
+        assert!(!v(false, true));
+        assert!(v(false, false));
+        assert!(!Verdict::Unreachable("refused".into()).allows_removal());
+    }
+
+    #[test]
+    fn an_unreachable_server_is_unreachable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let s = Server::of(&cluster(&format!("https://127.0.0.1:{port}"))).unwrap();
+        assert!(
+            matches!(check(&s, b"", b""), Verdict::Unreachable(why) if why.contains("cannot connect"))
+        );
+    }
+}
