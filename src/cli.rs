@@ -203,6 +203,13 @@ pub struct CommonArgs {
         value_parser = parse_manage
     )]
     pub manage_kubeconfig: Vec<ManageSpec>,
+    /// Run (no shell; words split like a shell would) after a managed kubeconfig gained a
+    /// CA, never when it only lost one, with KUBELET_CA_KUBECONFIG set to its path and
+    /// KUBELET_CA_ADDED to the SHA-256 of each added certificate: the kubelet reads its
+    /// kubeconfig's CA data only when it starts, so this restarts it (e.g. systemctl
+    /// restart kubelet). One run at a time; a failure is counted and run again with backoff.
+    #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_KUBECONFIG_HOOK", value_parser = parse_command)]
+    pub kubeconfig_hook: Option<ExecCommand>,
     /// A set of registry CA files under DIR, one DIR/<host[:port]>/ca.crt for each entry of
     /// the sources (repeat the flag; in the environment, separate sets with ';'), e.g.
     /// /etc/docker/certs.d=controllerconfig:machine-config-controller/imageRegistryBundleData,controllerconfig:machine-config-controller/imageRegistryBundleUserData.

@@ -38,6 +38,8 @@ pub struct Common {
     pub manage_registries: Vec<RegistriesSpec>,
     /// The kubeconfigs whose CA data is kept (`--manage-kubeconfig`).
     pub manage_kubeconfig: Vec<ManageSpec>,
+    /// Run after a managed kubeconfig gained a CA (`--kubeconfig-hook`).
+    pub kubeconfig_hook: Option<ExecCommand>,
 }
 
 impl Common {
@@ -100,6 +102,7 @@ impl Common {
             manage: Vec::new(),
             manage_registries: Vec::new(),
             manage_kubeconfig: Vec::new(),
+            kubeconfig_hook: None,
         }
     }
 

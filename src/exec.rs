@@ -2,6 +2,12 @@
 //! `KUBELET_CA_BUNDLE` set to its path. No shell; a failure is logged and counted, never
 //! retried.
 //!
+//! `--kubeconfig-hook`: a command run after a managed kubeconfig gained a CA (SPEC 4c),
+//! with `KUBELET_CA_KUBECONFIG` set to its path and `KUBELET_CA_ADDED` to the SHA-256 of
+//! each added certificate (space-separated). The kubelet reads its kubeconfig's CA only when
+//! it starts, so a failure is retried with backoff (1 s doubling to 5 minutes), the added
+//! certificates of every run missed carried over to the next.
+//!
 //! The daemon runs one hook at a time on a thread of its own: replaces that happen while a
 //! hook runs are folded into one more run after it, so a burst of rotations costs at most
 //! two runs, never a pile of them. A hook that outlives `--exec-on-change-timeout` is
@@ -90,12 +96,24 @@ fn runnable(path: &Path) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Runs the command to completion, or until `timeout`, or until `stop` says so. Returns
-/// whether it succeeded.
+/// Runs the `--exec-on-change` command to completion, or until `timeout`, or until `stop`
+/// says so. Returns whether it succeeded.
 pub fn run(command: &[String], bundle: &Path, timeout: Duration, stop: &dyn Fn() -> bool) -> bool {
+    let env = [("KUBELET_CA_BUNDLE", bundle.as_os_str().to_owned())];
+    run_with(command, &env, "exec-on-change", timeout, stop)
+}
+
+/// Runs a hook (`what` names it in logs) with `env` set, as [`run`] does.
+fn run_with(
+    command: &[String],
+    env: &[(&str, std::ffi::OsString)],
+    what: &str,
+    timeout: Duration,
+    stop: &dyn Fn() -> bool,
+) -> bool {
     let spawned = Command::new(&command[0])
         .args(&command[1..])
-        .env("KUBELET_CA_BUNDLE", bundle)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         // The hook is not the service: it must not speak to systemd in our name.
         .env_remove("NOTIFY_SOCKET")
         .env_remove("WATCHDOG_USEC")
@@ -106,7 +124,7 @@ pub fn run(command: &[String], bundle: &Path, timeout: Duration, stop: &dyn Fn()
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            tracing::warn!(command = %command[0], error = %e, "exec-on-change command could not start");
+            tracing::warn!(command = %command[0], error = %e, "{what} command could not start");
             return false;
         }
     };
@@ -114,27 +132,27 @@ pub fn run(command: &[String], bundle: &Path, timeout: Duration, stop: &dyn Fn()
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => {
-                tracing::info!(command = %command[0], "exec-on-change command succeeded");
+                tracing::info!(command = %command[0], "{what} command succeeded");
                 return true;
             }
             Ok(Some(status)) => {
-                tracing::warn!(command = %command[0], %status, "exec-on-change command failed");
+                tracing::warn!(command = %command[0], %status, "{what} command failed");
                 return false;
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(command = %command[0], error = %e, "cannot wait for the exec-on-change command");
+                tracing::warn!(command = %command[0], error = %e, "cannot wait for the {what} command");
                 kill_group(&mut child);
                 return false;
             }
         }
         if stop() {
-            tracing::warn!(command = %command[0], "stopping: killing the exec-on-change command still running");
+            tracing::warn!(command = %command[0], "stopping: killing the {what} command still running");
             kill_group(&mut child);
             return false;
         }
         if started.elapsed() >= timeout {
-            tracing::warn!(command = %command[0], timeout = %humantime::format_duration(timeout), "exec-on-change command timed out; killed it and its process group");
+            tracing::warn!(command = %command[0], timeout = %humantime::format_duration(timeout), "{what} command timed out; killed it and its process group");
             kill_group(&mut child);
             return false;
         }
@@ -162,8 +180,23 @@ fn kill_group(child: &mut Child) {
 struct Queue {
     /// A replace happened since the last run started.
     pending: bool,
+    /// The certificates added since the last run that succeeded (a kubeconfig's hook).
+    added: std::collections::BTreeSet<String>,
     stopping: bool,
 }
+
+/// What a hook is run for.
+#[derive(Clone)]
+enum Kind {
+    /// The bundle (`--exec-on-change`): a failure is counted, never retried.
+    Bundle(PathBuf),
+    /// A managed kubeconfig (`--kubeconfig-hook`): a failure is counted and retried.
+    Kubeconfig(PathBuf),
+}
+
+/// The first wait before a failed `--kubeconfig-hook` is run again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// The daemon's hook runner: one hook at a time, later changes coalesced.
 pub struct Hooks {
@@ -172,22 +205,42 @@ pub struct Hooks {
 }
 
 impl Hooks {
-    /// Starts the runner; `failed` is called after each failed run.
+    /// Starts the runner of `--exec-on-change`; `failed` is called after each failed run.
     pub fn start(
         command: Vec<String>,
         bundle: PathBuf,
         timeout: Duration,
         failed: impl Fn() + Send + 'static,
     ) -> Hooks {
+        Hooks::spawn(command, Kind::Bundle(bundle), timeout, failed)
+    }
+
+    /// Starts the runner of `--kubeconfig-hook` for the kubeconfig at `path`.
+    pub fn start_for_kubeconfig(
+        command: Vec<String>,
+        path: PathBuf,
+        timeout: Duration,
+        failed: impl Fn() + Send + 'static,
+    ) -> Hooks {
+        Hooks::spawn(command, Kind::Kubeconfig(path), timeout, failed)
+    }
+
+    fn spawn(
+        command: Vec<String>,
+        kind: Kind,
+        timeout: Duration,
+        failed: impl Fn() + Send + 'static,
+    ) -> Hooks {
         let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
         let shared = queue.clone();
         let thread = std::thread::Builder::new()
-            .name("exec-on-change".into())
+            .name("hook".into())
             .spawn(move || {
                 let (lock, wake) = &*shared;
                 let stopping = || lock.lock().map_or(true, |q| q.stopping);
+                let mut retry = RETRY_FIRST;
                 loop {
-                    {
+                    let added = {
                         let mut queue = lock.lock().expect("hook queue");
                         while !queue.pending && !queue.stopping {
                             queue = wake.wait(queue).expect("hook queue");
@@ -196,13 +249,49 @@ impl Hooks {
                             return;
                         }
                         queue.pending = false;
+                        std::mem::take(&mut queue.added)
+                    };
+                    let (env, what) = match &kind {
+                        Kind::Bundle(bundle) => (
+                            vec![("KUBELET_CA_BUNDLE", bundle.as_os_str().to_owned())],
+                            "exec-on-change",
+                        ),
+                        Kind::Kubeconfig(path) => (
+                            vec![
+                                ("KUBELET_CA_KUBECONFIG", path.as_os_str().to_owned()),
+                                (
+                                    "KUBELET_CA_ADDED",
+                                    added.iter().cloned().collect::<Vec<_>>().join(" ").into(),
+                                ),
+                            ],
+                            "kubeconfig-hook",
+                        ),
+                    };
+                    if run_with(&command, &env, what, timeout, &stopping) {
+                        retry = RETRY_FIRST;
+                        continue;
                     }
-                    if !run(&command, &bundle, timeout, &stopping) {
-                        failed();
+                    failed();
+                    if let Kind::Kubeconfig(_) = kind {
+                        // Run again after the backoff, with what this run was to announce;
+                        // a change meanwhile does not shorten the wait.
+                        tracing::warn!(
+                            retry_in = %humantime::format_duration(retry),
+                            "kubeconfig-hook failed: the kubelet may still hold the old CA data; running it again"
+                        );
+                        let mut queue = lock.lock().expect("hook queue");
+                        queue.added.extend(added);
+                        queue.pending = true;
+                        let deadline = Instant::now() + retry;
+                        while !queue.stopping && Instant::now() < deadline {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            queue = wake.wait_timeout(queue, left).expect("hook queue").0;
+                        }
+                        retry = (retry * 2).min(RETRY_MAX);
                     }
                 }
             })
-            .expect("spawn the exec-on-change thread");
+            .expect("spawn the hook thread");
         Hooks {
             queue,
             thread: Some(thread),
@@ -212,9 +301,15 @@ impl Hooks {
     /// Asks for a run after the one in progress, if any; several asks before it starts
     /// make one run.
     pub fn changed(&self) {
+        self.changed_with(Vec::new());
+    }
+
+    /// [`Hooks::changed`], announcing the SHA-256 of the certificates `added`.
+    pub fn changed_with(&self, added: Vec<String>) {
         let (lock, wake) = &*self.queue;
         if let Ok(mut queue) = lock.lock() {
             queue.pending = true;
+            queue.added.extend(added);
             wake.notify_one();
         }
     }
@@ -301,5 +396,38 @@ mod tests {
         let runs = std::fs::read_to_string(&log).unwrap().lines().count();
         assert_eq!(runs, 2, "one run, then one for all the changes during it");
         assert_eq!(failures.load(Ordering::SeqCst), 0);
+    }
+
+    /// A kubeconfig's hook is told the path and what was added; a failed run is run again
+    /// after a second, with the certificates it was to announce and those added since.
+    #[test]
+    fn a_kubeconfig_hook_that_fails_is_run_again_with_every_added_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let script = format!(
+            "echo \"$KUBELET_CA_KUBECONFIG $KUBELET_CA_ADDED\" >> {log}; test $(wc -l < {log}) -ge 2",
+            log = log.display()
+        );
+        let failures = Arc::new(AtomicUsize::new(0));
+        let counted = failures.clone();
+        let hooks = Hooks::start_for_kubeconfig(
+            vec!["sh".into(), "-c".into(), script],
+            PathBuf::from("/var/lib/kubelet/kubeconfig"),
+            Duration::from_secs(10),
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        hooks.changed_with(vec!["aa".into()]);
+        std::thread::sleep(Duration::from_millis(300));
+        hooks.changed_with(vec!["bb".into()]);
+        std::thread::sleep(Duration::from_millis(1700));
+        drop(hooks);
+        let runs = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            runs, "/var/lib/kubelet/kubeconfig aa\n/var/lib/kubelet/kubeconfig aa bb\n",
+            "the failed run's certificate is announced again, with the one added since"
+        );
+        assert_eq!(failures.load(Ordering::SeqCst), 1);
     }
 }

@@ -117,6 +117,10 @@ pub struct Metrics {
     pub repairs: Family<FileLabels, Counter>,
     pub sync_errors: Family<FileReasonLabels, Counter>,
     pub exec_on_change_failures: Counter,
+    /// Failed runs of `--kubeconfig-hook` (each is retried).
+    pub kubeconfig_hook_failures: Counter,
+    /// Checks of a kubeconfig's server that held back the removal of a CA.
+    pub kubeconfig_removals_held: Family<FileLabels, Counter>,
     pub sync_duration: Histogram,
     pub watch_restarts: Family<SourceLabels, Counter>,
     pub state_errors: Family<RecordLabels, Counter>,
@@ -147,6 +151,9 @@ pub mod known {
         "no_ca_certificate",
         "attributes",
     ];
+    /// ... of a managed kubeconfig besides: it does not parse, or its cluster cannot be
+    /// told or names a CA file.
+    pub const KUBECONFIG_SYNC_ERRORS: &[&str] = &["invalid_kubeconfig"];
     /// `kubelet_ca_sync_errors_total{reason}` of the publisher's ConfigMap.
     pub const CONFIGMAP_SYNC_ERRORS: &[&str] =
         &["apply_failed", "no_valid_certificate", "no_ca_certificate"];
@@ -291,6 +298,8 @@ impl Default for Metrics {
             repairs: Family::default(),
             sync_errors: Family::default(),
             exec_on_change_failures: Counter::default(),
+            kubeconfig_hook_failures: Counter::default(),
+            kubeconfig_removals_held: Family::default(),
             sync_duration: Histogram::new(buckets),
             watch_restarts: Family::default(),
             state_errors: Family::default(),
@@ -431,6 +440,16 @@ pub fn registry(
         "kubelet_ca_exec_on_change_failures",
         "Failed runs of the --exec-on-change command",
         m.exec_on_change_failures.clone(),
+    );
+    registry.register(
+        "kubelet_ca_kubeconfig_hook_failures",
+        "Failed runs of the --kubeconfig-hook command (each is run again with backoff)",
+        m.kubeconfig_hook_failures.clone(),
+    );
+    registry.register(
+        "kubelet_ca_kubeconfig_removals_held",
+        "Checks of a managed kubeconfig's server after which the CAs its sources dropped were kept: the new CA data alone did not verify the certificate the server presents, or the server could not be reached",
+        m.kubeconfig_removals_held.clone(),
     );
     registry.register(
         "kubelet_ca_sync_duration_seconds",
@@ -632,6 +651,13 @@ impl Collector for StateCollector {
             )?
             .encode_gauge(&i64::from(status.file_watch.is_none()))?;
         }
+        // A series for each managed kubeconfig alone.
+        gauge(
+            &mut encoder,
+            "kubelet_ca_kubeconfig_removal_held",
+            "1 while CAs that a managed kubeconfig's sources dropped are kept, until the new CA data alone verifies its server",
+            files().filter_map(|f| Some((labels(f), i64::from(f.removal_held?)))),
+        )?;
         gauge(
             &mut encoder,
             "kubelet_ca_last_sync_timestamp_seconds",

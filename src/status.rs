@@ -54,6 +54,9 @@ pub struct Status {
     /// on a platform without one): it is neither created nor emptied, and nothing is
     /// wrong.
     pub nothing_to_keep: bool,
+    /// For a managed kubeconfig (`None` for any other file): whether CAs its sources
+    /// dropped are kept until a check of its server allows their removal.
+    pub removal_held: Option<bool>,
     /// Checks of the loop that concern no one file, and never fail readiness: each
     /// registry set's refused entries (`registries:DIR`), as (name, problem).
     pub notes: Vec<(String, Option<String>)>,

@@ -64,10 +64,15 @@ impl CommonArgs {
             manage: args.manage.clone(),
             manage_registries: args.manage_registries.clone(),
             manage_kubeconfig: args.manage_kubeconfig.clone(),
+            kubeconfig_hook: args.kubeconfig_hook.clone(),
         };
         check_managed_paths(&common).map_err(UsageError)?;
         if let Some(command) = &common.exec_on_change {
             crate::exec::check(&command.0).map_err(UsageError)?;
+        }
+        if let Some(command) = &common.kubeconfig_hook {
+            crate::exec::check(&command.0)
+                .map_err(|e| UsageError(format!("--kubeconfig-hook: {e}")))?;
         }
         Ok(common)
     }

@@ -67,6 +67,10 @@ pub struct Reconciler {
     kubelet: kubelet_config::Reader,
     status: watch::Sender<Arc<Status>>,
     notifier: Notifier,
+    /// Targets whose work off the loop is done and calls for their pass (by position).
+    wakes: mpsc::UnboundedReceiver<usize>,
+    /// Kept so that the channel stays open while no target holds a sender.
+    _wakes_tx: mpsc::UnboundedSender<usize>,
 }
 
 impl Reconciler {
@@ -82,7 +86,8 @@ impl Reconciler {
             &common.managed_paths(),
             &common.registry_dirs(),
         );
-        let targets = targets::all(common, &metrics, &book);
+        let (wakes_tx, wakes) = mpsc::unbounded_channel();
+        let targets = targets::all(common, &metrics, &book, &wakes_tx);
         let (created, record_unreadable) = book.state_dir().load_registry_record();
         if let Some(problem) = &record_unreadable {
             tracing::warn!(
@@ -103,6 +108,8 @@ impl Reconciler {
             ),
             status,
             notifier: Notifier::default(),
+            wakes,
+            _wakes_tx: wakes_tx,
         }
     }
 
@@ -153,6 +160,7 @@ impl Reconciler {
                 },
                 Some(event) = inputs.files.recv() => work |= self.on_file_event(event),
                 Some(seen) = kubelet_reads.recv() => work |= self.kubelet.found(seen),
+                Some(index) = self.wakes.recv() => work |= self.wake(index),
                 Some(()) = inputs.pongs.pings.recv() => { inputs.pongs.answer(); continue; }
                 _ = sleep_until(deadline.into()) => {}
                 _ = inputs.sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
@@ -186,6 +194,17 @@ impl Reconciler {
         self.kubelet.give_back(kubelet_reads);
         self.notifier.stopping();
         Ok(())
+    }
+
+    /// Target `index` finished work off the loop: it calls for a pass.
+    fn wake(&mut self, index: usize) -> bool {
+        match self.targets.get_mut(index) {
+            Some(target) => {
+                target.schedule_mut().due = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Every file calls for a pass.

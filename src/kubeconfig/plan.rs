@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use crate::bundle::{Certificate, Fingerprint};
 
-/// A held removal is checked again at least this often, and a check's verdict stands no
-/// longer (with the once-a-minute re-verification, a pass comes at least this often).
-pub const RECHECK_EVERY: Duration = Duration::from_secs(60);
+/// A held removal is checked again this often (SPEC 4c asks for at least once a minute): an
+/// API server rollout moves on in seconds, and a check is three TLS handshakes.
+pub const RECHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// What the CA data should be after this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,22 +91,23 @@ mod tests {
     #[test]
     fn additions_are_written_at_once_and_removals_wait_for_the_check() {
         let [a, b, c] = certs();
+        let one = |c: &Certificate| vec![c.clone()];
         // b replaces a: b is added at once, a stays until allowed.
-        let held = plan(&[a.clone()], &[b.clone()], false);
+        let held = plan(&one(&a), &one(&b), false);
         assert_eq!(names(&held.ca), ["b", "a"]);
         assert_eq!(names(&held.added), ["b"]);
         assert_eq!(names(&held.held), ["a"]);
-        assert!(!held.unchanged(&[a.clone()]));
+        assert!(!held.unchanged(&one(&a)));
         // Once written, the next pass changes nothing while the removal is held.
-        let again = plan(&held.ca, &[b.clone()], false);
+        let again = plan(&held.ca, &one(&b), false);
         assert!(again.unchanged(&held.ca));
         assert!(again.added.is_empty());
         // Allowed: a goes.
-        let allowed = plan(&held.ca, &[b.clone()], true);
+        let allowed = plan(&held.ca, &one(&b), true);
         assert_eq!(names(&allowed.ca), ["b"]);
         assert!(allowed.held.is_empty());
         // Only additions: nothing to hold, whatever the check says.
-        let grown = plan(&[a.clone()], &[a.clone(), c.clone()], false);
+        let grown = plan(&one(&a), &[a.clone(), c], false);
         assert_eq!(names(&grown.ca), ["a", "c"]);
         assert!(grown.held.is_empty());
         // The same certificates in another order are written in the sources' order.

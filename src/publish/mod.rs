@@ -1086,6 +1086,7 @@ impl Publisher {
             kubelet: None,
             others,
             nothing_to_keep: false,
+            removal_held: None,
             notes: self.notes(),
             other_sources: Vec::new(),
         };
@@ -1201,6 +1202,7 @@ impl Publisher {
                 kubelet: None,
                 others: Vec::new(),
                 nothing_to_keep,
+                removal_held: None,
                 notes: Vec::new(),
                 other_sources: Vec::new(),
             });

@@ -600,6 +600,7 @@ impl Managed {
             kubelet: None,
             others: Vec::new(),
             nothing_to_keep: false,
+            removal_held: None,
             notes: Vec::new(),
             other_sources: Vec::new(),
         };

@@ -12,6 +12,7 @@
 
 pub mod apply;
 pub mod file;
+pub mod kubeconfig;
 pub mod policy;
 pub mod registry_set;
 pub mod schedule;
@@ -33,11 +34,14 @@ use schedule::Schedule;
 
 /// Every target of `common`, in the order of their sources (a source's position among all
 /// of them is how its news finds its target): the bundle, each `--manage` file, each
-/// `--manage-registries` set. Records are written off the loop, each failure counted.
+/// `--manage-kubeconfig`, each `--manage-registries` set. Records are written off the
+/// loop, each failure counted; work a target does off the loop asks for its pass on
+/// `wakes`.
 pub(crate) fn all(
     common: &config::Common,
     metrics: &Arc<Metrics>,
     book: &Book,
+    wakes: &tokio::sync::mpsc::UnboundedSender<usize>,
 ) -> Vec<Box<dyn Kept>> {
     let hooks = common.exec_on_change.clone().map(|command| {
         let failures = metrics.clone();
@@ -87,6 +91,29 @@ pub(crate) fn all(
             metrics.clone(),
         )));
     }
+    for kubeconfig in &common.manage_kubeconfig {
+        let hooks = common.kubeconfig_hook.clone().map(|command| {
+            let failures = metrics.clone();
+            Hooks::start_for_kubeconfig(
+                command.0,
+                kubeconfig.path.clone(),
+                common.exec_on_change_timeout,
+                move || {
+                    failures.kubeconfig_hook_failures.inc();
+                },
+            )
+        });
+        let wake = Wake::new(targets.len(), wakes.clone());
+        targets.push(Box::new(kubeconfig::Kubeconfig::new(
+            kubeconfig,
+            next(&kubeconfig.sources),
+            common,
+            hooks,
+            wake,
+            metrics.clone(),
+            book.clone(),
+        )));
+    }
     for set in &common.manage_registries {
         targets.push(Box::new(RegistrySet::new(
             &set.dir,
@@ -98,6 +125,35 @@ pub(crate) fn all(
         )));
     }
     targets
+}
+
+/// How a target's work off the loop (a check over the network) asks for a pass of that
+/// target when it is done.
+#[derive(Clone, Debug)]
+pub struct Wake {
+    index: usize,
+    to: Option<tokio::sync::mpsc::UnboundedSender<usize>>,
+}
+
+impl Wake {
+    /// Asks the loop for a pass of target `index` through `to`.
+    pub fn new(index: usize, to: tokio::sync::mpsc::UnboundedSender<usize>) -> Wake {
+        Wake {
+            index,
+            to: Some(to),
+        }
+    }
+
+    /// A wake that reaches no loop (`sync`, which waits for the work itself).
+    pub fn none() -> Wake {
+        Wake { index: 0, to: None }
+    }
+
+    pub fn wake(&self) {
+        if let Some(to) = &self.to {
+            let _ = to.send(self.index);
+        }
+    }
 }
 
 /// One thing the agent keeps on disk. The loop routes each source's news to the target

@@ -1,0 +1,550 @@
+//! One `--manage-kubeconfig` (SPEC 4c): the CA data of the kubeconfig's cluster follows its
+//! sources, and nothing else in the file changes. A CA the sources add is written at once;
+//! one they drop stays until the new CA data alone verifies what the kubeconfig's server
+//! presents, which a check off the loop finds out ([`crate::kubeconfig::reach`]): a hung
+//! API server never delays a pass of this or any other target.
+//!
+//! What a pass writes is decided by [`crate::kubeconfig::plan`], pure. The history keeps
+//! the replaced CA data only, never the kubeconfig, which may hold a key or a token.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use super::policy::{BOUNDARY_RECHECK_MAX, Backoff, WRITE_RETRY_WAIT};
+use super::schedule::Schedule;
+use super::{Kept, Report, Wake};
+use crate::bundle::{self, Bundle, Certificate, Fingerprint, Policy};
+use crate::config;
+use crate::exec::Hooks;
+use crate::kubeconfig::plan::{self, Asked};
+use crate::kubeconfig::reach::{self, Server, Verdict};
+use crate::kubeconfig::{Cluster, Document};
+use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
+use crate::registry::CreatedRecord;
+use crate::source::cluster::{Content, Event, SourceEvent};
+use crate::source::local;
+use crate::source::state::SourceState;
+use crate::state::Book;
+use crate::status::{Status, TargetKind, unix_now};
+use crate::targets::apply::{file_state_dir, readable_certificates};
+use crate::writer::history::History;
+use crate::writer::{BundleWriter, OnDisk, Outcome};
+
+/// What the loop knows about one source.
+struct Slot {
+    source: SourceState,
+    loader: local::Loader,
+}
+
+/// The check of the server in flight: what it is about, and where its verdict lands.
+struct Running {
+    asked: Asked,
+    verdict: Arc<Mutex<Option<Verdict>>>,
+}
+
+pub(crate) struct Kubeconfig {
+    path: PathBuf,
+    /// Shown in logs, metrics and health.
+    filepath: String,
+    schedule: Schedule,
+    slots: Vec<Slot>,
+    policy: Policy,
+    metrics: Arc<Metrics>,
+    book: Book,
+    history: History,
+    hooks: Option<Hooks>,
+    wake: Wake,
+    /// The last check asked for, and its verdict once it came (with what it was about).
+    asked: Option<Asked>,
+    running: Option<Running>,
+    verdict: Option<(Fingerprint, Verdict)>,
+    /// The CA data this agent last wrote or found in sync: a change to it on disk, with
+    /// sources unchanged, is drift to repair.
+    last_written: Option<Fingerprint>,
+    write_retry: Backoff,
+    /// When the oldest source change not yet on disk arrived.
+    pending_since: Option<Instant>,
+    /// The problem last logged, so that it is logged once while it lasts.
+    said: Option<String>,
+    status: Status,
+}
+
+impl Kubeconfig {
+    /// The kubeconfig of `spec`, whose first source is at position `first` among the
+    /// loop's sources; its counters have their series from the start.
+    pub(crate) fn new(
+        spec: &config::ManageSpec,
+        first: usize,
+        common: &config::Common,
+        hooks: Option<Hooks>,
+        wake: Wake,
+        metrics: Arc<Metrics>,
+        book: Book,
+    ) -> Kubeconfig {
+        let (path, sources) = (spec.path.as_path(), spec.sources.as_slice());
+        let filepath = path.display().to_string();
+        let cluster: &[&str] = if sources.iter().any(|s| s.is_cluster()) {
+            known::CLUSTER_SYNC_ERRORS
+        } else {
+            &[]
+        };
+        metrics.init_file(
+            &filepath,
+            &[
+                known::FILE_SYNC_ERRORS,
+                known::KUBECONFIG_SYNC_ERRORS,
+                cluster,
+            ],
+        );
+        let _ = metrics.kubeconfig_removals_held.get_or_create(&FileLabels {
+            filepath: filepath.clone(),
+        });
+        for spec in sources {
+            metrics.init_source(spec);
+        }
+        Kubeconfig {
+            path: path.to_path_buf(),
+            filepath: filepath.clone(),
+            schedule: Schedule::new(first, sources),
+            slots: sources
+                .iter()
+                .map(|spec| Slot {
+                    source: SourceState::new(spec),
+                    loader: local::Loader::default(),
+                })
+                .collect(),
+            policy: common.policy(),
+            metrics,
+            book,
+            history: History::new(&file_state_dir(&common.state_dir, path)),
+            hooks,
+            wake,
+            asked: None,
+            running: None,
+            verdict: None,
+            last_written: None,
+            write_retry: Backoff::default(),
+            pending_since: None,
+            said: None,
+            status: Status {
+                kind: TargetKind::File,
+                bundle_path: filepath,
+                removal_held: Some(false),
+                ..Status::default()
+            },
+        }
+    }
+
+    /// Reads a `file:` or `dir:` source now; a read that failed is retried with backoff.
+    fn read_local(&mut self, index: usize, at: Instant) {
+        let slot = &mut self.slots[index];
+        let result = slot.loader.load(&slot.source.spec);
+        let retry = matches!(&result, Err(error) if local::retryable(error));
+        self.schedule.was_read(index, at, retry);
+        let event = match result {
+            Ok(content) => SourceEvent::Content(content),
+            Err(error) => SourceEvent::Failed(error),
+        };
+        self.observe(index, event, at);
+    }
+
+    fn observe(&mut self, index: usize, event: SourceEvent, at: Instant) {
+        if self.slots[index].source.observe(event, &self.metrics) {
+            self.pending_since.get_or_insert(at);
+        }
+        self.schedule.due = true;
+    }
+
+    fn count(&self, reason: &str) {
+        self.metrics
+            .sync_errors
+            .get_or_create(&FileReasonLabels {
+                filepath: self.filepath.clone(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Logs `problem` once while it lasts (and counts it under `reason`), and shows it.
+    fn problem(&mut self, reason: Option<&str>, problem: String) {
+        if self.said.as_deref() != Some(&problem) {
+            tracing::warn!(kubeconfig = %self.filepath, "{problem}");
+            if let Some(reason) = reason {
+                self.count(reason);
+            }
+            self.said = Some(problem.clone());
+        }
+        self.status.in_sync = Some(false);
+        self.status.sync_problem = Some(problem);
+    }
+
+    /// Takes in the verdict of a check that ended, if one did.
+    fn take_verdict(&mut self) {
+        let Some(running) = &self.running else {
+            return;
+        };
+        let verdict = running.verdict.lock().ok().and_then(|mut v| v.take());
+        if let Some(verdict) = verdict {
+            let about = running.asked.about;
+            self.running = None;
+            if !verdict.allows_removal() {
+                self.metrics
+                    .kubeconfig_removals_held
+                    .get_or_create(&FileLabels {
+                        filepath: self.filepath.clone(),
+                    })
+                    .inc();
+            }
+            self.verdict = Some((about, verdict));
+        }
+    }
+
+    /// Starts a check of `server` off the loop: does `new` alone verify what it presents,
+    /// and does `old`? The loop hears of the verdict through [`Wake`].
+    fn start_check(&mut self, server: Server, about: Fingerprint, new: Vec<u8>, old: Vec<u8>) {
+        let verdict: Arc<Mutex<Option<Verdict>>> = Arc::default();
+        let (landing, wake) = (verdict.clone(), self.wake.clone());
+        let spawned = std::thread::Builder::new()
+            .name("kubeconfig-check".into())
+            .spawn(move || {
+                let found = reach::check(&server, &new, &old);
+                if let Ok(mut slot) = landing.lock() {
+                    *slot = Some(found);
+                }
+                wake.wake();
+            });
+        let asked = Asked {
+            about,
+            at: Instant::now(),
+        };
+        if let Err(e) = spawned {
+            tracing::warn!(kubeconfig = %self.filepath, "cannot start the check of its server: {e}");
+        }
+        self.asked = Some(asked.clone());
+        self.running = Some(Running { asked, verdict });
+    }
+
+    /// One pass: reads the kubeconfig, builds the CA data from the sources, and writes what
+    /// the plan says.
+    fn pass(&mut self) {
+        self.take_verdict();
+        let now = OffsetDateTime::now_utc();
+        self.status.sources = self.slots.iter().map(|s| s.source.status()).collect();
+        let reader = BundleWriter::new(self.path.clone(), 0o600);
+        let on_disk = match reader.read_current() {
+            Ok(on_disk) => on_disk,
+            Err(e) => {
+                let reason = e.reason();
+                self.problem(Some(reason), format!("cannot read it: {e}"));
+                return;
+            }
+        };
+        let OnDisk::Regular { bytes, stat } = &on_disk else {
+            self.status.file_valid = false;
+            self.status.sha256 = None;
+            self.status.certificates.clear();
+            let problem =
+                "it does not exist (a kubeconfig is never created, only kept)".to_string();
+            self.status.file_problem = Some(problem.clone());
+            self.problem(None, problem);
+            return;
+        };
+        self.status.sha256 = Some(Fingerprint::of(bytes).to_hex());
+        let document = match Document::parse(bytes) {
+            Ok(document) => document,
+            Err(e) => {
+                self.status.file_valid = false;
+                self.status.certificates.clear();
+                self.status.file_problem = Some(e.to_string());
+                self.problem(
+                    Some("invalid_kubeconfig"),
+                    format!("it is left as it is: {e}"),
+                );
+                return;
+            }
+        };
+        let cluster = document.cluster().clone();
+        let current = cluster
+            .ca_data
+            .as_deref()
+            .map(readable_certificates)
+            .unwrap_or_default();
+        let now_unix = now.unix_timestamp();
+        self.status.file_valid = current.iter().any(|c| c.is_valid_at(now_unix));
+        self.status.file_problem = (!self.status.file_valid).then(|| {
+            format!(
+                "the CA data of its cluster {} holds no certificate valid now",
+                cluster.name
+            )
+        });
+        self.status.certificates = current.clone();
+
+        let unread: Vec<&str> = self
+            .slots
+            .iter()
+            .filter(|s| s.source.content.is_none())
+            .map(|s| s.source.name.as_str())
+            .collect();
+        if !unread.is_empty() {
+            self.status.in_sync = None;
+            self.status.sync_problem = Some(format!(
+                "waiting for every source to be read once: {}",
+                unread.join(", ")
+            ));
+            return;
+        }
+        let sources: Vec<_> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.source.content.clone())
+            .collect();
+        let built = match bundle::build(&sources, &[], self.policy, now_unix) {
+            Ok(built) => built,
+            Err(e) => {
+                self.problem(
+                    Some(e.reason()),
+                    format!("its CA data is left as it is: {e}"),
+                );
+                return;
+            }
+        };
+        let desired = built.bundle.certificates();
+        let about = Fingerprint::of(&built.bundle.render());
+        let allowed = matches!(&self.verdict, Some((a, v)) if *a == about && v.allows_removal());
+        let plan = plan::plan(&current, desired, allowed);
+        let server = Server::of(&cluster);
+        self.status.removal_held = Some(!plan.held.is_empty());
+        if !plan.held.is_empty() {
+            let due = plan::check_due(
+                true,
+                self.asked.as_ref(),
+                self.running.is_some(),
+                about,
+                Instant::now(),
+            );
+            if let (true, Ok(server)) = (due, &server) {
+                let new = built.bundle.render();
+                let old = Bundle::from_certificates(current.iter().cloned()).render();
+                self.start_check(server.clone(), about, new, old);
+            }
+            // The next check, whatever else happens meanwhile (one running calls for its
+            // pass when it ends).
+            if self.running.is_none()
+                && server.is_ok()
+                && let Some(asked) = &self.asked
+            {
+                let floor = Instant::now() + Duration::from_secs(1);
+                self.schedule
+                    .retry_by((asked.at + plan::RECHECK_EVERY).max(floor));
+            }
+        }
+        if !plan.unchanged(&current)
+            && !self.write(&document, &cluster, &plan, &current, bytes, stat)
+        {
+            return;
+        }
+        self.last_written = Some(about_written(&plan.ca));
+        if plan.held.is_empty() {
+            if self.said.take().is_some() {
+                tracing::info!(kubeconfig = %self.filepath, "in sync with its sources");
+            }
+            self.status.in_sync = Some(true);
+            self.status.sync_problem = None;
+            self.status.last_sync = Some(unix_now());
+            self.pending_since = None;
+        } else {
+            let why = self.held_why(&server, about);
+            self.problem(None, why);
+        }
+        self.status.certificates = plan.ca;
+    }
+
+    /// Why the dropped CAs are still there.
+    fn held_why(&self, server: &Result<Server, String>, about: Fingerprint) -> String {
+        let server = match server {
+            Ok(server) => server,
+            Err(why) => return format!("removal held: cannot check the server: {why}"),
+        };
+        match &self.verdict {
+            Some((a, Verdict::Unreachable(why))) if *a == about => {
+                format!("removal held: cannot verify {}: {why}", server.shown)
+            }
+            Some((a, _)) if *a == about => format!(
+                "removal held: the new CA data does not verify {}",
+                server.shown
+            ),
+            _ => format!(
+                "removal held: checking that the new CA data alone verifies {}",
+                server.shown
+            ),
+        }
+    }
+
+    /// Writes the plan's CA data into the kubeconfig, keeping its mode, owner and label;
+    /// true when the file now holds it.
+    fn write(
+        &mut self,
+        document: &Document,
+        cluster: &Cluster,
+        plan: &plan::Plan,
+        current: &[Certificate],
+        bytes: &[u8],
+        stat: &crate::fsutil::Stat,
+    ) -> bool {
+        if let Some(until) = self.write_retry.blocked(Instant::now()) {
+            self.schedule.retry_at = Some(until);
+            return false;
+        }
+        let pem = Bundle::from_certificates(plan.ca.iter().cloned()).render();
+        let edited = match document.with_ca_data(&pem) {
+            Ok(edited) => edited,
+            Err(e) => {
+                self.problem(
+                    Some("invalid_kubeconfig"),
+                    format!("it is left as it is: {e}"),
+                );
+                return false;
+            }
+        };
+        let writer = BundleWriter::new(self.path.clone(), stat.mode & 0o7777);
+        let on_disk = OnDisk::Regular {
+            bytes: bytes.to_vec(),
+            stat: *stat,
+        };
+        let repair =
+            self.last_written == Some(about_written(&plan.ca)) && self.pending_since.is_none();
+        match writer.write(&edited, &on_disk, None) {
+            Ok(Outcome::Replaced { .. }) => {
+                self.write_retry.clear();
+                if let Some(old) = &cluster.ca_data
+                    && let Err(e) = self.history.record(old, OffsetDateTime::now_utc())
+                {
+                    tracing::warn!(kubeconfig = %self.filepath, "cannot keep the replaced CA data in the history: {e}");
+                }
+                let labels = FileLabels {
+                    filepath: self.filepath.clone(),
+                };
+                self.metrics.writes.get_or_create(&labels).inc();
+                if repair {
+                    self.metrics.repairs.get_or_create(&labels).inc();
+                }
+                if let Some(since) = self.pending_since {
+                    self.metrics
+                        .sync_duration
+                        .observe(since.elapsed().as_secs_f64());
+                }
+                let sha256 = Fingerprint::of(&edited).to_hex();
+                if let Err(e) = self.book.record(&self.path, &sha256) {
+                    tracing::warn!(kubeconfig = %self.filepath, "cannot record it in managed-files.json: {e}");
+                }
+                self.status.sha256 = Some(sha256);
+                let removed = current.len() + plan.added.len() - plan.ca.len();
+                tracing::info!(
+                    kubeconfig = %self.filepath,
+                    cluster = %cluster.name,
+                    added = plan.added.len(),
+                    removed,
+                    kept = plan.held.len(),
+                    certificates = plan.ca.len(),
+                    "replaced the CA data of its cluster"
+                );
+                if !plan.added.is_empty()
+                    && let Some(hooks) = &self.hooks
+                {
+                    hooks.changed_with(
+                        plan.added
+                            .iter()
+                            .map(|c| c.fingerprint().to_hex())
+                            .collect(),
+                    );
+                }
+                true
+            }
+            Ok(Outcome::Unchanged) => true,
+            Err(e) => {
+                let now = Instant::now();
+                self.write_retry.step_write(now);
+                self.schedule.retry_at = self.write_retry.blocked(now);
+                self.problem(
+                    Some(e.reason()),
+                    format!("cannot write it: {e}; {WRITE_RETRY_WAIT}"),
+                );
+                false
+            }
+        }
+    }
+}
+
+/// What identifies CA data as written: its certificates in order.
+fn about_written(ca: &[Certificate]) -> Fingerprint {
+    Fingerprint::of(&Bundle::from_certificates(ca.iter().cloned()).render())
+}
+
+impl Kept for Kubeconfig {
+    fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    fn schedule_mut(&mut self) -> &mut Schedule {
+        &mut self.schedule
+    }
+
+    fn start(&mut self, created: &mut CreatedRecord) {
+        if let Err(e) = crate::writer::atomic::remove_stale_temp_files(
+            &crate::writer::atomic::parent_dir(&self.path),
+        ) {
+            tracing::warn!(kubeconfig = %self.filepath, "cannot remove stale temporary files: {e}");
+        }
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            if !self.slots[index].source.spec.is_cluster() {
+                self.read_local(index, now);
+            }
+        }
+        self.reconcile(created);
+    }
+
+    fn on_update(&mut self, local: usize, event: Event<Content>, at: Instant) {
+        if let Some(event) = event.filter_map(Content::certificates) {
+            self.observe(local, event, at);
+        }
+    }
+
+    fn take_due(&mut self, now: Instant) -> bool {
+        let (reads, work) = self.schedule.take_due(now);
+        for local in reads {
+            self.read_local(local, now);
+        }
+        work
+    }
+
+    fn reconcile(&mut self, _created: &mut CreatedRecord) {
+        self.schedule.due = false;
+        self.pass();
+    }
+
+    fn next_boundary(&self) -> Duration {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        self.status
+            .certificates
+            .iter()
+            .flat_map(|c| [c.not_before, c.not_after])
+            .filter(|&t| t > now)
+            .min()
+            .map_or(BOUNDARY_RECHECK_MAX, |t| {
+                Duration::from_secs((t - now) as u64).min(BOUNDARY_RECHECK_MAX)
+            })
+    }
+
+    fn report(&self, report: &mut Report) {
+        report.files.push(self.status.clone());
+    }
+
+    #[cfg(test)]
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
