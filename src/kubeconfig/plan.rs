@@ -44,7 +44,13 @@ pub fn plan(on_disk: &[Certificate], desired: &[Certificate], removal_allowed: b
     } else {
         diff.removed.into_iter().cloned().collect()
     };
-    let ca = desired.iter().chain(&held).cloned().collect();
+    // Held with nothing added: the CA data stays as it is (reordering it would be a write
+    // that changes no trust).
+    let ca = if !held.is_empty() && added.is_empty() {
+        on_disk.to_vec()
+    } else {
+        desired.iter().chain(&held).cloned().collect()
+    };
     Plan { ca, added, held }
 }
 
@@ -102,6 +108,11 @@ mod tests {
         let again = plan(&held.ca, &one(&b), false);
         assert!(again.unchanged(&held.ca));
         assert!(again.added.is_empty());
+        // Dropped with nothing added: the file stays as it is until allowed.
+        let dropped = plan(&[a.clone(), b.clone()], &one(&b), false);
+        assert_eq!(names(&dropped.ca), ["a", "b"]);
+        assert!(dropped.unchanged(&[a.clone(), b.clone()]));
+        assert_eq!(names(&dropped.held), ["a"]);
         // Allowed: a goes.
         let allowed = plan(&held.ca, &one(&b), true);
         assert_eq!(names(&allowed.ca), ["b"]);
@@ -116,7 +127,7 @@ mod tests {
     }
 
     #[test]
-    fn a_held_removal_is_checked_once_per_change_and_again_each_minute() {
+    fn a_held_removal_is_checked_once_per_change_and_again_every_ten_seconds() {
         let t0 = Instant::now();
         let about = Fingerprint([1; 32]);
         let other = Fingerprint([2; 32]);
@@ -129,7 +140,7 @@ mod tests {
             Some(&asked),
             false,
             about,
-            t0 + Duration::from_secs(59)
+            t0 + RECHECK_EVERY - Duration::from_millis(1)
         ));
         assert!(check_due(
             true,

@@ -493,6 +493,11 @@ impl Kept for Kubeconfig {
     }
 
     fn start(&mut self, created: &mut CreatedRecord) {
+        if let Some(dir) = self.history.dir().parent()
+            && let Err(e) = crate::state::StateDir::new(dir.to_path_buf()).ensure()
+        {
+            tracing::warn!(kubeconfig = %self.filepath, "cannot create its state directory {}: {e}", dir.display());
+        }
         if let Err(e) = crate::writer::atomic::remove_stale_temp_files(
             &crate::writer::atomic::parent_dir(&self.path),
         ) {

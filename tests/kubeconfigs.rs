@@ -1,0 +1,332 @@
+//! The node's kubeconfigs (issue 26, SPEC 4c), through the real binary: the CA data of a
+//! `--manage-kubeconfig` follows its sources through a rotation of the API server's serving
+//! CA, gaining the new CA at once and dropping the old one only once the server presents a
+//! certificate that the new CA data alone verifies; nothing else in the file changes; a
+//! hung server never delays the bundle.
+
+mod common;
+
+use std::fs;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use common::apiserver::ApiServer;
+use common::daemon::{Agent, check_line, eventually, samples, wait_until};
+use common::pki::{Algorithm, Signer};
+use common::{Node, sha256_hex};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn verbose(agent: &Agent) -> String {
+    agent.get("/readyz?verbose").unwrap_or_default().1
+}
+
+fn write_atomically(path: &Path, content: &[u8]) {
+    let tmp = path.with_extension("tmp-new");
+    fs::write(&tmp, content).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// A kubelet's kubeconfig, as the node configuration path writes it: a comment, the CA data
+/// of `ca_pem`, and a user whose key is a file and whose token is inline.
+fn kubelet_kubeconfig(server: &str, ca_pem: &str) -> String {
+    format!(
+        "# written by the node configuration path\napiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: {server}\n  name: local\ncontexts:\n- context:\n    cluster: local\n    user: kubelet\n  name: kubelet\ncurrent-context: kubelet\npreferences: {{}}\nusers:\n- name: kubelet\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n    token: not-a-real-token-but-secret\n",
+        STANDARD.encode(ca_pem)
+    )
+}
+
+/// The CA data of the kubeconfig at `path`, decoded.
+fn ca_data(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+        .expect("CA data");
+    String::from_utf8(STANDARD.decode(line).unwrap()).unwrap()
+}
+
+/// A node whose kubelet kubeconfig at `etc/kubernetes/kubeconfig` (0600) trusts `ca_pem`
+/// for `server`, kept from the source `apiserver-ca.pem`.
+struct Kubelet {
+    node: Node,
+    kubeconfig: PathBuf,
+    source: PathBuf,
+    bundle_source: String,
+}
+
+impl Kubelet {
+    fn new(server: &str, ca_pem: &str) -> Kubelet {
+        let node = Node::new();
+        let bundle_source = node.source(
+            "kubelet-signers.pem",
+            Signer::new("kubelet-signer", Algorithm::P256).pem(),
+        );
+        node.source("apiserver-ca.pem", ca_pem);
+        let kubeconfig = node.root().join("etc/kubernetes/kubeconfig");
+        fs::create_dir_all(kubeconfig.parent().unwrap()).unwrap();
+        fs::write(&kubeconfig, kubelet_kubeconfig(server, ca_pem)).unwrap();
+        fs::set_permissions(&kubeconfig, fs::Permissions::from_mode(0o600)).unwrap();
+        let source = node.root().join("sources/apiserver-ca.pem");
+        Kubelet {
+            node,
+            kubeconfig,
+            source,
+            bundle_source,
+        }
+    }
+
+    fn start(&self, extra: &[&str]) -> Agent {
+        let manage = format!(
+            "{}=file:{}",
+            self.kubeconfig.display(),
+            self.source.display()
+        );
+        let mut args = vec!["--manage-kubeconfig", &manage];
+        args.extend_from_slice(extra);
+        Agent::start(&self.node, &[&self.bundle_source], &args)
+    }
+
+    fn in_sync_line(&self, agent: &Agent) -> String {
+        check_line(
+            &verbose(agent),
+            &format!("in-sync:{}", self.kubeconfig.display()),
+        )
+    }
+}
+
+#[test]
+fn a_serving_ca_rotation_adds_the_new_ca_at_once_and_drops_the_old_only_once_the_server_uses_the_new()
+ {
+    let api = ApiServer::start();
+    let old = api.ca_pem();
+    let kubelet = Kubelet::new(&api.url(), &old);
+    let hook_log = kubelet.node.root().join("hook.log");
+    let hook = format!(
+        "sh -c 'echo \"$KUBELET_CA_KUBECONFIG $KUBELET_CA_ADDED\" >> {}'",
+        hook_log.display()
+    );
+    let agent = kubelet.start(&["--kubeconfig-hook", &hook]);
+    let before = fs::read_to_string(&kubelet.kubeconfig).unwrap();
+    wait_until(10 * SECOND, || {
+        kubelet.in_sync_line(&agent).starts_with("[+]")
+    });
+    assert_eq!(
+        fs::read_to_string(&kubelet.kubeconfig).unwrap(),
+        before,
+        "in sync: not written"
+    );
+    assert!(!hook_log.exists(), "no CA added, no hook");
+
+    // The cluster publishes the next serving CA beside the current one: added at once, and
+    // only the CA data changes (the comment, the user's key and token stay, byte for byte).
+    let next = api.next_serving_ca();
+    write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
+    wait_until(5 * SECOND, || {
+        ca_data(&kubelet.kubeconfig) == format!("{old}{next}")
+    });
+    let after = fs::read_to_string(&kubelet.kubeconfig).unwrap();
+    assert_eq!(
+        after,
+        kubelet_kubeconfig(&api.url(), &format!("{old}{next}")),
+        "only the CA data changed"
+    );
+    let mode = fs::metadata(&kubelet.kubeconfig)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o600, "the kubeconfig's mode is kept");
+    wait_until(5 * SECOND, || hook_log.exists());
+    let next_sha = {
+        let der = pem::parse(next.as_bytes()).unwrap();
+        sha256_hex(der.contents())
+    };
+    assert_eq!(
+        fs::read_to_string(&hook_log).unwrap(),
+        format!("{} {next_sha}\n", kubelet.kubeconfig.display()),
+        "the hook was told the path and the added certificate"
+    );
+
+    // The sources drop the old CA while the server still presents a certificate from it:
+    // the old CA stays, and health and the metrics say why.
+    write_atomically(&kubelet.source, next.as_bytes());
+    let held = format!(
+        "removal held: the new CA data does not verify {}",
+        api.url()
+    );
+    assert!(
+        eventually(10 * SECOND, || kubelet.in_sync_line(&agent).contains(&held)),
+        "{}",
+        verbose(&agent)
+    );
+    assert!(
+        kubelet.in_sync_line(&agent).ends_with("(not counted)"),
+        "{}",
+        kubelet.in_sync_line(&agent)
+    );
+    assert_eq!(
+        ca_data(&kubelet.kubeconfig),
+        format!("{old}{next}"),
+        "as it was: not even reordered"
+    );
+    let filepath = kubelet.kubeconfig.display().to_string();
+    assert_eq!(
+        agent.sample(
+            "kubelet_ca_kubeconfig_removal_held",
+            &[("filepath", &filepath)]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        agent
+            .sample(
+                "kubelet_ca_kubeconfig_removals_held_total",
+                &[("filepath", &filepath)]
+            )
+            .is_some_and(|v| v >= 1.0)
+    );
+    let body = agent.get("/metrics").unwrap().1;
+    assert_eq!(
+        samples(&body, "x509_cert_not_after")
+            .iter()
+            .filter(|s| s.has(&[("filepath", &filepath)]))
+            .count(),
+        2,
+        "both CAs are in the kubeconfig's certificates"
+    );
+    assert_eq!(
+        agent.get("/readyz").unwrap().0,
+        200,
+        "readiness follows the bundle alone"
+    );
+
+    // The server moves to the new CA: the next check lets the old CA go.
+    api.switch_serving_ca();
+    api.restart();
+    let took = wait_until(20 * SECOND, || ca_data(&kubelet.kubeconfig) == next);
+    eprintln!("the old CA went {took:?} after the server moved to the new one");
+    wait_until(5 * SECOND, || {
+        kubelet.in_sync_line(&agent).starts_with("[+]")
+    });
+    assert_eq!(
+        agent.sample(
+            "kubelet_ca_kubeconfig_removal_held",
+            &[("filepath", &filepath)]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        fs::read_to_string(&hook_log).unwrap().lines().count(),
+        1,
+        "a removal alone runs no hook"
+    );
+
+    // The history keeps the replaced CA data, never the kubeconfig (it holds a token).
+    let history: Vec<Vec<u8>> = walk(&kubelet.node.state_dir())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/history/"))
+        .map(|p| fs::read(p).unwrap())
+        .collect();
+    assert_eq!(history.len(), 2, "two replaces, two entries");
+    for entry in &history {
+        let text = String::from_utf8_lossy(entry);
+        assert!(text.starts_with("-----BEGIN CERTIFICATE-----"), "{text}");
+        assert!(!text.contains("token"), "{text}");
+    }
+    let log = agent.log();
+    assert!(!log.contains("not-a-real-token"), "{log}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_hung_or_unreachable_server_holds_the_removal_and_never_delays_the_bundle() {
+    // A server that accepts connections and never says a word.
+    let hung = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = format!("https://127.0.0.1:{}", hung.local_addr().unwrap().port());
+    let (old, new) = (
+        Signer::new("apiserver-ca-old", Algorithm::P256),
+        Signer::new("apiserver-ca-new", Algorithm::P256),
+    );
+    let kubelet = Kubelet::new(&server, &old.pem());
+    let agent = kubelet.start(&[]);
+    wait_until(10 * SECOND, || {
+        kubelet.in_sync_line(&agent).starts_with("[+]")
+    });
+
+    write_atomically(&kubelet.source, new.pem().as_bytes());
+    wait_until(5 * SECOND, || {
+        ca_data(&kubelet.kubeconfig) == format!("{}{}", new.pem(), old.pem())
+    });
+    // While the check waits on the hung server, the bundle follows its source at once.
+    let signer = Signer::new("kubelet-signer-2", Algorithm::P256);
+    let bundle_source = kubelet.node.root().join("sources/kubelet-signers.pem");
+    write_atomically(&bundle_source, signer.pem().as_bytes());
+    let took = wait_until(3 * SECOND, || kubelet.node.holds(signer.pem()));
+    eprintln!("the bundle followed in {took:?} while the kubeconfig's server hung");
+    let line = kubelet.in_sync_line(&agent);
+    assert!(line.contains("removal held"), "{line}");
+    assert!(line.contains(&server), "{line}");
+
+    // No server at all: held, saying it cannot be reached.
+    drop(hung);
+    let line = || kubelet.in_sync_line(&agent);
+    assert!(
+        eventually(60 * SECOND, || line().contains(&format!(
+            "removal held: cannot verify {server}: cannot connect"
+        ))),
+        "{}",
+        line()
+    );
+    assert_eq!(
+        ca_data(&kubelet.kubeconfig),
+        format!("{}{}", new.pem(), old.pem())
+    );
+}
+
+#[test]
+fn a_kubeconfig_that_cannot_be_kept_is_left_alone_and_named() {
+    let ca = Signer::new("apiserver-ca", Algorithm::P256);
+    let kubelet = Kubelet::new("https://127.0.0.1:6443", &ca.pem());
+    let two = format!(
+        "kind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://a:6443\n    certificate-authority-data: {data}\n- name: b\n  cluster:\n    server: https://b:6443\n    certificate-authority-data: {data}\nusers:\n- name: u\n  user:\n    token: hunter2-secret\n",
+        data = STANDARD.encode(ca.pem())
+    );
+    fs::write(&kubelet.kubeconfig, &two).unwrap();
+    let agent = kubelet.start(&[]);
+    let expected = "it has no current context and 2 clusters (a, b): cannot tell which one to keep";
+    assert!(
+        eventually(10 * SECOND, || kubelet
+            .in_sync_line(&agent)
+            .contains(expected)),
+        "{}",
+        verbose(&agent)
+    );
+    assert_eq!(agent.get("/readyz").unwrap().0, 200);
+    assert_eq!(fs::read_to_string(&kubelet.kubeconfig).unwrap(), two);
+    let filepath = kubelet.kubeconfig.display().to_string();
+    assert_eq!(
+        agent.sample(
+            "kubelet_ca_sync_errors_total",
+            &[("filepath", &filepath), ("reason", "invalid_kubeconfig")]
+        ),
+        Some(1.0)
+    );
+    assert!(!agent.log().contains("hunter2"), "{}", agent.log());
+    assert!(!verbose(&agent).contains("hunter2"));
+}
