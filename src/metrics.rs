@@ -189,6 +189,9 @@ pub mod known {
     ];
     /// ... of a `configmap:` source naming one key: the key is missing.
     pub const CONFIGMAP_KEY_ERRORS: &[&str] = &["missing_key"];
+    /// ... of every `configmap:` source: a value that is a kubeconfig holding a user's
+    /// credentials.
+    pub const CONFIGMAP_VALUE_ERRORS: &[&str] = &["kubeconfig_credentials"];
     /// ... of a `controllerconfig:` source: the field is missing or not base64.
     pub const CONTROLLERCONFIG_ERRORS: &[&str] = &["missing_field", "bad_base64", "not_a_bundle"];
     /// `kubelet_ca_rejected_certificates_total{reason}`.
@@ -237,8 +240,14 @@ impl Metrics {
             SourceSpec::Dir(_) => &[known::DIR_SOURCE_ERRORS],
             SourceSpec::ConfigMap {
                 keys: Keys::One(_), ..
-            } => &[known::CLUSTER_SOURCE_ERRORS, known::CONFIGMAP_KEY_ERRORS],
-            SourceSpec::ConfigMap { .. } => &[known::CLUSTER_SOURCE_ERRORS],
+            } => &[
+                known::CLUSTER_SOURCE_ERRORS,
+                known::CONFIGMAP_KEY_ERRORS,
+                known::CONFIGMAP_VALUE_ERRORS,
+            ],
+            SourceSpec::ConfigMap { .. } => {
+                &[known::CLUSTER_SOURCE_ERRORS, known::CONFIGMAP_VALUE_ERRORS]
+            }
             SourceSpec::ControllerConfig { .. } => {
                 &[known::CLUSTER_SOURCE_ERRORS, known::CONTROLLERCONFIG_ERRORS]
             }

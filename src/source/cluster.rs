@@ -279,7 +279,12 @@ pub fn bundle_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<SourceCertifica
     let name = spec.to_string();
     match (spec, raw) {
         (SourceSpec::ConfigMap { keys, .. }, Raw::ConfigMap(configmap)) => {
-            parse_parts(&name, configmap_parts(&name, configmap, keys)?)
+            let parts = configmap_parts(&name, configmap, keys)?;
+            let pem = parts
+                .into_iter()
+                .map(|(part, bytes)| Ok((part.clone(), configmap_pem(&name, part, bytes)?)))
+                .collect::<Result<Vec<_>, SourceError>>()?;
+            parse_parts(&name, pem.iter().map(|(p, b)| (p.clone(), b.as_ref())))
         }
         (SourceSpec::ControllerConfig { field, .. }, Raw::Field(value)) => {
             match controllerconfig_bundle(&name, field, value)? {
@@ -288,6 +293,44 @@ pub fn bundle_content(spec: &SourceSpec, raw: Raw<'_>) -> Result<SourceCertifica
             }
         }
         _ => panic!("bundle_content: {name} does not read {raw:?}"),
+    }
+}
+
+/// A ConfigMap value as the PEM it carries (SPEC 4c): PEM as it is; base64 of PEM (as the
+/// `kubeconfig-data` ConfigMap may hold it) decoded; a kubeconfig (`kind: Config`, as
+/// `kube-public/cluster-info` key `kubeconfig`) made into the CA data of its clusters, or
+/// rejected whole when it holds a user's key or token. Anything else is left to the
+/// parser, which says what is wrong with it.
+fn configmap_pem<'a>(
+    spec: &str,
+    part: Option<String>,
+    bytes: &'a [u8],
+) -> Result<std::borrow::Cow<'a, [u8]>, SourceError> {
+    use std::borrow::Cow;
+    if memchr::memmem::find(bytes, b"-----BEGIN").is_some() {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    match crate::kubeconfig::clusters_ca_data(bytes) {
+        Ok(Some(all)) => return Ok(Cow::Owned(all.concat())),
+        Ok(None) => {}
+        Err(e) => {
+            return Err(SourceError::Invalid {
+                spec: spec.to_string(),
+                reason: "kubeconfig_credentials",
+                problem: format!("{}: {e}", part.as_deref().unwrap_or("value")),
+            });
+        }
+    }
+    let compact: Vec<u8> = bytes
+        .iter()
+        .copied()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    match base64::engine::general_purpose::STANDARD.decode(&compact) {
+        Ok(decoded) if memchr::memmem::find(&decoded, b"-----BEGIN").is_some() => {
+            Ok(Cow::Owned(decoded))
+        }
+        _ => Ok(Cow::Borrowed(bytes)),
     }
 }
 
@@ -1376,6 +1419,51 @@ mod tests {
         let none = spec("configmap:ns/cm/none.*");
         let err = bundle_content(&none, Raw::ConfigMap(&cm)).unwrap_err();
         assert_eq!(err.reason(), "no_certificate");
+    }
+
+    /// A ConfigMap value is PEM, base64 of PEM (`kubeconfig-data`), or a kubeconfig
+    /// (`cluster-info`), whose clusters' CA data is taken; a kubeconfig with a user's
+    /// token is refused whole, without the token in the error.
+    #[test]
+    fn a_configmap_value_may_be_base64_of_pem_or_a_kubeconfig_without_credentials() {
+        let (a, b) = (ca_pem("a"), ca_pem("b"));
+        let info = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    certificate-authority-data: {}\n    server: https://cp:6443\n",
+            b64(&b)
+        );
+        let wrapped = b64(&a)
+            .as_bytes()
+            .chunks(76)
+            .map(|l| format!("{}\n", std::str::from_utf8(l).unwrap()))
+            .collect::<String>();
+        let cm = configmap(
+            &[
+                ("ca-bundle.crt", wrapped.as_bytes()),
+                ("kubeconfig", info.as_bytes()),
+            ],
+            &[],
+        );
+        let cns = |source: &str| {
+            bundle_content(&spec(source), Raw::ConfigMap(&cm))
+                .unwrap()
+                .certificates
+                .iter()
+                .map(|c| c.subject_cn.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(cns("configmap:ns/cm"), ["a"]);
+        assert_eq!(cns("configmap:ns/cm/kubeconfig"), ["b"]);
+        assert_eq!(cns("configmap:ns/cm/*"), ["a", "b"]);
+        let with_token = format!("{info}users:\n- name: u\n  user:\n    token: hunter2\n");
+        let cm = configmap(&[("kubeconfig", with_token.as_bytes())], &[]);
+        let err =
+            bundle_content(&spec("configmap:ns/cm/kubeconfig"), Raw::ConfigMap(&cm)).unwrap_err();
+        assert_eq!(err.reason(), "kubeconfig_credentials");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        // Base64 of something that is not PEM stays what it was: rejected as such.
+        let cm = configmap(&[("ca-bundle.crt", b64(b"not pem").as_bytes())], &[]);
+        let err = bundle_content(&spec("configmap:ns/cm"), Raw::ConfigMap(&cm)).unwrap_err();
+        assert_ne!(err.reason(), "kubeconfig_credentials");
     }
 
     #[test]
