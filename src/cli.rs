@@ -620,6 +620,16 @@ pub struct ManagedArgs {
         value_parser = parse_manage
     )]
     pub manage: Vec<ManageSpec>,
+    /// The managed kubeconfigs, as `run` is given them (only their paths are used), used
+    /// with --bundle when managed-files.json does not exist yet.
+    #[arg(
+        long = "manage-kubeconfig",
+        value_name = "PATH=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE_KUBECONFIG",
+        value_delimiter = ';',
+        value_parser = parse_manage
+    )]
+    pub manage_kubeconfig: Vec<ManageSpec>,
 }
 
 /// `drift exclusions --format`.

@@ -77,6 +77,14 @@ impl Common {
             .collect()
     }
 
+    /// The path of every `--manage-kubeconfig`.
+    pub fn kubeconfig_paths(&self) -> Vec<PathBuf> {
+        self.manage_kubeconfig
+            .iter()
+            .map(|m| m.path.clone())
+            .collect()
+    }
+
     /// The directory of every registry set, as given.
     pub fn registry_dirs(&self) -> Vec<PathBuf> {
         self.manage_registries

@@ -31,6 +31,8 @@ pub struct StateDir {
 pub struct Book {
     index: Arc<StateDir>,
     entries: Arc<Mutex<BTreeMap<PathBuf, String>>>,
+    /// The managed kubeconfigs among the entries, absolute.
+    kubeconfigs: Arc<Vec<PathBuf>>,
 }
 
 impl Book {
@@ -60,7 +62,19 @@ impl Book {
         Book {
             index: Arc::new(index),
             entries: Arc::new(Mutex::new(entries)),
+            kubeconfigs: Arc::default(),
         }
+    }
+
+    /// Marks the files at `paths` as managed kubeconfigs (`--manage-kubeconfig`).
+    pub fn with_kubeconfigs(mut self, paths: &[PathBuf]) -> Book {
+        self.kubeconfigs = Arc::new(
+            paths
+                .iter()
+                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+                .collect(),
+        );
+        self
     }
 
     /// Records `path` (made absolute) as holding content of `sha256`, and writes the file.
@@ -69,7 +83,7 @@ impl Book {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries.insert(path, sha256.to_string());
         // Written under the lock: two files' records never race to the one file.
-        self.index.save_managed_files(&entries)
+        self.index.save_managed_files(&entries, &self.kubeconfigs)
     }
 
     /// Drops `path`'s entry (a registry file the agent removed), and writes the file.
@@ -77,7 +91,7 @@ impl Book {
         let path = std::path::absolute(path)?;
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if entries.remove(&path).is_some() {
-            self.index.save_managed_files(&entries)?;
+            self.index.save_managed_files(&entries, &self.kubeconfigs)?;
         }
         Ok(())
     }
@@ -111,7 +125,14 @@ pub struct ManagedFiles {
 pub struct ManagedFile {
     pub path: PathBuf,
     pub sha256: String,
+    /// `kubeconfig` for a managed kubeconfig, whose CA data alone the agent keeps (drift
+    /// checks compare the rest of it); absent for a file the agent keeps whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
+
+/// [`ManagedFile::kind`] of a managed kubeconfig.
+pub const KUBECONFIG_KIND: &str = "kubeconfig";
 
 impl StateDir {
     pub fn new(path: PathBuf) -> Self {
@@ -176,8 +197,13 @@ impl StateDir {
         self.write_json(RETENTION_FILE, &file)
     }
 
-    /// Records every managed file and the SHA-256 of its content, for drift monitors.
-    pub fn save_managed_files(&self, files: &BTreeMap<PathBuf, String>) -> io::Result<()> {
+    /// Records every managed file and the SHA-256 of its content, for drift monitors; those
+    /// among `kubeconfigs` are marked as kubeconfigs.
+    pub fn save_managed_files(
+        &self,
+        files: &BTreeMap<PathBuf, String>,
+        kubeconfigs: &[PathBuf],
+    ) -> io::Result<()> {
         let file = ManagedFiles {
             version: 1,
             files: files
@@ -185,6 +211,9 @@ impl StateDir {
                 .map(|(path, sha256)| ManagedFile {
                     path: path.clone(),
                     sha256: sha256.clone(),
+                    kind: kubeconfigs
+                        .contains(path)
+                        .then(|| KUBECONFIG_KIND.to_string()),
                 })
                 .collect(),
         };

@@ -330,3 +330,96 @@ fn a_kubeconfig_that_cannot_be_kept_is_left_alone_and_named() {
     assert!(!agent.log().contains("hunter2"), "{}", agent.log());
     assert!(!verbose(&agent).contains("hunter2"));
 }
+
+/// `drift`: a managed kubeconfig is listed among the exclusions, checked for any change but
+/// its CA data, and kept by `strip` (a new node needs it at first boot).
+#[test]
+fn drift_checks_a_managed_kubeconfig_but_its_ca_data_and_strip_keeps_it() {
+    let (old, new) = (
+        Signer::new("apiserver-ca-old", Algorithm::P256),
+        Signer::new("apiserver-ca-new", Algorithm::P256),
+    );
+    let server = "https://api-int.example:6443";
+    let kubelet = Kubelet::new(server, &old.pem());
+    let mut agent = kubelet.start(&[]);
+    write_atomically(
+        &kubelet.source,
+        format!("{}{}", old.pem(), new.pem()).as_bytes(),
+    );
+    wait_until(10 * SECOND, || {
+        ca_data(&kubelet.kubeconfig) == format!("{}{}", old.pem(), new.pem())
+    });
+    let recorded = kubelet.node.state_dir().join("managed-files.json");
+    wait_until(5 * SECOND, || {
+        fs::read_to_string(&recorded).is_ok_and(|r| r.contains("\"kind\": \"kubeconfig\""))
+    });
+    agent.terminate();
+
+    let drift = |args: &[&str]| {
+        let out = std::process::Command::new(common::agent_bin())
+            .arg("drift")
+            .args(args)
+            .arg("--state-dir")
+            .arg(kubelet.node.state_dir())
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let rendered = |content: &str| {
+        let config = serde_json::json!({
+            "ignition": {"version": "3.4.0"},
+            "storage": {"files": [{
+                "path": "/etc/kubernetes/kubeconfig",
+                "mode": 0o600,
+                "overwrite": true,
+                "contents": {"source": format!("data:;base64,{}", STANDARD.encode(content))},
+            }]},
+        });
+        let path = kubelet.node.root().join("rendered.json");
+        fs::write(&path, config.to_string()).unwrap();
+        path
+    };
+    // The rendered config still carries the first CA data: no drift.
+    let as_rendered = rendered(&kubelet_kubeconfig(server, &old.pem()));
+    let (code, out, err) = drift(&[
+        "check",
+        "--root",
+        kubelet.node.root().to_str().unwrap(),
+        "--rendered",
+        as_rendered.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // Another server is drift.
+    let moved = rendered(&kubelet_kubeconfig("https://api.example:6443", &old.pem()));
+    let (code, out, err) = drift(&[
+        "check",
+        "--root",
+        kubelet.node.root().to_str().unwrap(),
+        "--rendered",
+        moved.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("/etc/kubernetes/kubeconfig"), "{out}");
+    // strip keeps it; exclusions list it.
+    let (code, out, err) = drift(&[
+        "strip",
+        "--root",
+        kubelet.node.root().to_str().unwrap(),
+        "--rendered",
+        as_rendered.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("/etc/kubernetes/kubeconfig"), "{out}");
+    let (code, out, err) = drift(&["exclusions", "--format", "plain"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l == kubelet.kubeconfig.display().to_string()),
+        "{out}"
+    );
+}

@@ -85,7 +85,8 @@ impl Reconciler {
             &common.state_dir,
             &common.managed_paths(),
             &common.registry_dirs(),
-        );
+        )
+        .with_kubeconfigs(&common.kubeconfig_paths());
         let (wakes_tx, wakes) = mpsc::unbounded_channel();
         let targets = targets::all(common, &metrics, &book, &wakes_tx);
         let (created, record_unreadable) = book.state_dir().load_registry_record();

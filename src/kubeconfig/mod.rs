@@ -113,6 +113,26 @@ impl Document {
     }
 }
 
+/// Whether two kubeconfigs say the same but for the CA data of the cluster each keeps
+/// (`drift check`: that CA data is the agent's to change, the rest is not). Text that is
+/// no kubeconfig is compared as bytes.
+pub fn same_but_ca_data(a: &[u8], b: &[u8]) -> bool {
+    let without = |bytes: &[u8]| {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut value = parse_value(text).ok()?;
+        if let Ok((index, _)) = kept_cluster(&value)
+            && let Some(fields) = cluster_fields_mut(&mut value, index)
+        {
+            fields.remove(CA_DATA);
+        }
+        Some(value)
+    };
+    match (without(a), without(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => a == b,
+    }
+}
+
 /// Whether a kubeconfig holds a user's credentials (a key, a token, a password, or a
 /// command or plugin that gets them): a source value that does is refused whole.
 pub fn holds_credentials(value: &Value) -> bool {
@@ -369,6 +389,22 @@ mod tests {
         let mut expected = doc.value.clone();
         expected["clusters"][0]["cluster"][CA_DATA] = Value::String(b64("PEM"));
         assert_eq!(edited.value, expected);
+    }
+
+    #[test]
+    fn drift_is_any_difference_but_the_kept_clusters_ca_data() {
+        let a = kubelet_kubeconfig("A");
+        assert!(same_but_ca_data(
+            a.as_bytes(),
+            kubelet_kubeconfig("B").as_bytes()
+        ));
+        let moved = kubelet_kubeconfig("B").replace("api-int.example", "api.example");
+        assert!(!same_but_ca_data(a.as_bytes(), moved.as_bytes()));
+        // Formatting is not drift: the same values written as JSON.
+        let doc = Document::parse(a.as_bytes()).unwrap();
+        let json = serde_json::to_string(&doc.value).unwrap();
+        assert!(same_but_ca_data(a.as_bytes(), json.as_bytes()));
+        assert!(!same_but_ca_data(b"not: [a kubeconfig", b"not: [another"));
     }
 
     #[test]

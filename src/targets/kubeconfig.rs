@@ -69,6 +69,8 @@ pub(crate) struct Kubeconfig {
     pending_since: Option<Instant>,
     /// The problem last logged, so that it is logged once while it lasts.
     said: Option<String>,
+    /// The SHA-256 last recorded in `managed-files.json`.
+    recorded: Option<String>,
     status: Status,
 }
 
@@ -129,6 +131,7 @@ impl Kubeconfig {
             write_retry: Backoff::default(),
             pending_since: None,
             said: None,
+            recorded: None,
             status: Status {
                 kind: TargetKind::File,
                 bundle_path: filepath,
@@ -347,6 +350,7 @@ impl Kubeconfig {
             return;
         }
         self.last_written = Some(about_written(&plan.ca));
+        self.record();
         if plan.held.is_empty() {
             if self.said.take().is_some() {
                 tracing::info!(kubeconfig = %self.filepath, "in sync with its sources");
@@ -360,6 +364,26 @@ impl Kubeconfig {
             self.problem(None, why);
         }
         self.status.certificates = plan.ca;
+    }
+
+    /// Records the file's SHA-256 in `managed-files.json` when it changed.
+    fn record(&mut self) {
+        if self.status.sha256.is_none() || self.status.sha256 == self.recorded {
+            return;
+        }
+        let sha256 = self.status.sha256.clone().unwrap_or_default();
+        match self.book.record(&self.path, &sha256) {
+            Ok(()) => self.recorded = Some(sha256),
+            Err(e) => {
+                tracing::warn!(kubeconfig = %self.filepath, "cannot record it in managed-files.json: {e}");
+                self.metrics
+                    .state_errors
+                    .get_or_create(&crate::metrics::RecordLabels {
+                        record: "managed_files".to_string(),
+                    })
+                    .inc();
+            }
+        }
     }
 
     /// Why the dropped CAs are still there.
@@ -436,11 +460,7 @@ impl Kubeconfig {
                         .sync_duration
                         .observe(since.elapsed().as_secs_f64());
                 }
-                let sha256 = Fingerprint::of(&edited).to_hex();
-                if let Err(e) = self.book.record(&self.path, &sha256) {
-                    tracing::warn!(kubeconfig = %self.filepath, "cannot record it in managed-files.json: {e}");
-                }
-                self.status.sha256 = Some(sha256);
+                self.status.sha256 = Some(Fingerprint::of(&edited).to_hex());
                 let removed = current.len() + plan.added.len() - plan.ca.len();
                 tracing::info!(
                     kubeconfig = %self.filepath,

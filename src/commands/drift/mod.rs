@@ -48,6 +48,10 @@ struct ManagedFile {
     /// The SHA-256 of its content when the agent last wrote or verified it; unknown when
     /// taken from the flags.
     sha256: Option<String>,
+    /// A managed kubeconfig: the agent keeps its CA data alone, so a drift check compares
+    /// the rest of it, and `strip` leaves it in (a new node needs it at first boot).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    kubeconfig: bool,
 }
 
 impl Managed {
@@ -60,6 +64,7 @@ impl Managed {
                     .files
                     .into_iter()
                     .map(|f| ManagedFile {
+                        kubeconfig: f.kind.as_deref() == Some(crate::state::KUBECONFIG_KIND),
                         path: f.path,
                         sha256: Some(f.sha256),
                     })
@@ -68,7 +73,12 @@ impl Managed {
             }),
             Ok(None) => {
                 let paths = std::iter::once(("--bundle", &args.bundle))
-                    .chain(args.manage.iter().map(|m| ("--manage", &m.path)));
+                    .chain(args.manage.iter().map(|m| ("--manage", &m.path)))
+                    .chain(
+                        args.manage_kubeconfig
+                            .iter()
+                            .map(|m| ("--manage-kubeconfig", &m.path)),
+                    );
                 let files = paths
                     .map(|(flag, path)| {
                         let absolute = std::path::absolute(path).map_err(|e| {
@@ -80,6 +90,7 @@ impl Managed {
                         Ok(ManagedFile {
                             path: absolute,
                             sha256: None,
+                            kubeconfig: flag == "--manage-kubeconfig",
                         })
                     })
                     .collect::<Result<_, UsageError>>()?;
@@ -100,6 +111,15 @@ impl Managed {
     /// `/sysroot/etc/kubernetes/kubelet-ca.crt` for a config that says
     /// `/etc/kubernetes/kubelet-ca.crt`).
     fn node_paths(&self, root: &Path) -> Vec<PathBuf> {
+        self.node_paths_of(root, |_| true)
+    }
+
+    /// [`Managed::node_paths`] of the managed kubeconfigs alone.
+    fn kubeconfig_node_paths(&self, root: &Path) -> Vec<PathBuf> {
+        self.node_paths_of(root, |f| f.kubeconfig)
+    }
+
+    fn node_paths_of(&self, root: &Path, which: impl Fn(&ManagedFile) -> bool) -> Vec<PathBuf> {
         let mut roots = vec![normalize(
             &std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf()),
         )];
@@ -107,7 +127,7 @@ impl Managed {
             roots.push(real);
         }
         let mut paths = Vec::new();
-        for file in &self.files {
+        for file in self.files.iter().filter(|f| which(f)) {
             let path = normalize(&file.path);
             for root in &roots {
                 if let Ok(inside) = path.strip_prefix(root) {
@@ -229,6 +249,7 @@ fn check(args: DriftCheckArgs) -> anyhow::Result<Exit> {
     let root =
         Root::open(&args.root).map_err(|e| UsageError(format!("--root {shown_root}: {e}")))?;
     let managed_paths = managed.node_paths(&args.root);
+    let kubeconfigs = managed.kubeconfig_node_paths(&args.root);
     let mut report = Report {
         ignition_version: rendered.version.clone(),
         drifted: Vec::new(),
@@ -239,7 +260,8 @@ fn check(args: DriftCheckArgs) -> anyhow::Result<Exit> {
     };
     for file in &rendered.files {
         let path = file.normalized();
-        if managed_paths.contains(&path) {
+        let kubeconfig = kubeconfigs.contains(&path);
+        if managed_paths.contains(&path) && !kubeconfig {
             report.managed_left_out += 1;
             continue;
         }
@@ -266,6 +288,20 @@ fn check(args: DriftCheckArgs) -> anyhow::Result<Exit> {
                 ),
             });
         }
+        // A managed kubeconfig's CA data is the agent's: the rest of it is compared.
+        let expected = match (kubeconfig, expected, &found) {
+            (
+                true,
+                Expected::Exact(bytes),
+                Found::Regular {
+                    content: Some(content),
+                    ..
+                },
+            ) if crate::kubeconfig::same_but_ca_data(&bytes, content) => {
+                Expected::Exact(content.clone())
+            }
+            (_, expected, _) => expected,
+        };
         let drift = check::judge(file.mode, &expected, &found);
         if drift.is_empty() {
             report.in_sync += 1;
@@ -352,10 +388,12 @@ fn strip(args: DriftStripArgs) -> anyhow::Result<Exit> {
     let (text, name) = read_rendered(&args.rendered)?;
     let rendered = parse(&text, &name)?;
     let managed_paths = managed.node_paths(&args.root);
+    // A managed kubeconfig stays: a new node needs it at first boot.
+    let kubeconfigs = managed.kubeconfig_node_paths(&args.root);
     let remove: Vec<bool> = rendered
         .files
         .iter()
-        .map(|f| managed_paths.contains(&f.normalized()))
+        .map(|f| managed_paths.contains(&f.normalized()) && !kubeconfigs.contains(&f.normalized()))
         .collect();
     for (file, _) in rendered.files.iter().zip(&remove).filter(|(_, r)| **r) {
         tracing::info!(entry = %file.at, path = %file.path, "removed a managed file from the rendered config");
@@ -461,6 +499,7 @@ mod tests {
             files: vec![ManagedFile {
                 path: "/sysroot/etc/kubernetes/kubelet-ca.crt".into(),
                 sha256: None,
+                kubeconfig: false,
             }],
             record: None,
         };
