@@ -423,3 +423,107 @@ fn drift_checks_a_managed_kubeconfig_but_its_ca_data_and_strip_keeps_it() {
         "{out}"
     );
 }
+
+/// The unit's case: the managed kubeconfig is the agent's own (`--kubeconfig`). The agent's
+/// client follows the CA data it writes, so it keeps following the cluster across the API
+/// server's move to the new CA, and after the old CA is gone.
+#[test]
+fn the_agents_own_kubeconfig_is_followed_across_the_switch_it_prepared() {
+    const NS: &str = "openshift-config-managed";
+    const NAME: &str = "kube-apiserver-client-ca";
+    let api = ApiServer::start();
+    let old = api.ca_pem();
+    let signers: Vec<Signer> = ["a", "b", "c"]
+        .iter()
+        .map(|cn| Signer::new(&format!("signer-{cn}"), Algorithm::P256))
+        .collect();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signers[0].pem())], &[]);
+    let node = Node::new();
+    let source = node.root().join("sources/apiserver-ca.pem");
+    fs::create_dir_all(source.parent().unwrap()).unwrap();
+    fs::write(&source, &old).unwrap();
+    let kubeconfig = node.root().join("kubelet/kubeconfig");
+    fs::create_dir_all(kubeconfig.parent().unwrap()).unwrap();
+    fs::copy(api.kubeconfig(), &kubeconfig).unwrap();
+    fs::set_permissions(&kubeconfig, fs::Permissions::from_mode(0o600)).unwrap();
+    let manage = format!("{}=file:{}", kubeconfig.display(), source.display());
+    let agent = Agent::start(
+        &node,
+        &[&format!("configmap:{NS}/{NAME}")],
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--manage-kubeconfig",
+            &manage,
+        ],
+    );
+    wait_until(10 * SECOND, || node.holds(signers[0].pem()));
+
+    // The next serving CA is published: the agent's own kubeconfig gains it.
+    let next = api.next_serving_ca();
+    write_atomically(&source, format!("{old}{next}").as_bytes());
+    wait_until(5 * SECOND, || {
+        ca_data(&kubeconfig) == format!("{old}{next}")
+    });
+    // Its client takes the new CA data in (as it would, minutes before any server moves).
+    wait_until(5 * SECOND, || agent.log().contains("trusted_cas=2"));
+    // The server moves to it; every connection is new. The agent still follows.
+    api.switch_serving_ca();
+    api.restart();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signers[1].pem())], &[]);
+    let took = wait_until(15 * SECOND, || node.holds(signers[1].pem()));
+    eprintln!("followed a rotation {took:?} after the server's switch");
+    // The old CA is withdrawn: gone once the server verifies with the new one alone, and
+    // the agent goes on following with the new CA data alone.
+    write_atomically(&source, next.as_bytes());
+    wait_until(20 * SECOND, || ca_data(&kubeconfig) == next);
+    api.restart();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &signers[2].pem())], &[]);
+    wait_until(15 * SECOND, || node.holds(signers[2].pem()));
+    let log = agent.log();
+    assert!(!log.contains("unknown authority"), "{log}");
+}
+
+/// `sync` is one pass of the kubeconfig too: an addition is written at once; a removal
+/// waits for the check of the server, made then and there, and the run exits 1 naming
+/// why it is held.
+#[test]
+fn sync_adds_at_once_and_removes_only_once_the_server_verifies() {
+    let api = ApiServer::start();
+    let old = api.ca_pem();
+    let kubelet = Kubelet::new(&api.url(), &old);
+    let manage = format!(
+        "{}=file:{}",
+        kubelet.kubeconfig.display(),
+        kubelet.source.display()
+    );
+    let sync = || {
+        kubelet
+            .node
+            .sync(&[&kubelet.bundle_source], &["--manage-kubeconfig", &manage])
+    };
+    let next = api.next_serving_ca();
+    write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
+    let out = sync();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(ca_data(&kubelet.kubeconfig), format!("{old}{next}"));
+
+    write_atomically(&kubelet.source, next.as_bytes());
+    let out = sync();
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "removal held: the new CA data does not verify {}",
+            api.url()
+        )),
+        "{err}"
+    );
+    assert_eq!(ca_data(&kubelet.kubeconfig), format!("{old}{next}"));
+
+    api.switch_serving_ca();
+    api.restart();
+    let out = sync();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(ca_data(&kubelet.kubeconfig), next);
+}

@@ -53,13 +53,21 @@ pub fn run(args: config::Sync) -> anyhow::Result<Exit> {
         &common.state_dir,
         &common.managed_paths(),
         &common.registry_dirs(),
-    );
+    )
+    .with_kubeconfigs(&common.kubeconfig_paths());
     // A file whose sources cannot be used is left as it was; the others are still synced,
     // and the run exits 1 with the first such failure.
     let mut failed = None;
     for ((path, specs, bundle), blocked) in files.into_iter().zip(blocked) {
         let target = Target::for_file(common, path, book.clone());
         match sync_file(&args, &cluster, &target, specs, bundle, blocked) {
+            Ok(()) => {}
+            Err(e) if failed.is_none() => failed = Some(e),
+            Err(e) => tracing::error!("{e:#}"),
+        }
+    }
+    for kubeconfig in &common.manage_kubeconfig {
+        match sync_kubeconfig(&args, &cluster, kubeconfig, &book) {
             Ok(()) => {}
             Err(e) if failed.is_none() => failed = Some(e),
             Err(e) => tracing::error!("{e:#}"),
@@ -76,6 +84,95 @@ pub fn run(args: config::Sync) -> anyhow::Result<Exit> {
         Some(e) => Err(e),
         None => Ok(Exit::Success),
     }
+}
+
+/// Syncs one managed kubeconfig (`--manage-kubeconfig`): every source read once, then the
+/// daemon's own pass, which adds at once and drops a CA only once the kubeconfig's server
+/// verifies with the new CA data alone; the check is waited for here. A removal still held
+/// after it makes the run exit 1, naming why (what could be written was). `--dry-run`
+/// reads and checks nothing, and says what the sources would add and drop.
+fn sync_kubeconfig(
+    args: &config::Sync,
+    cluster: &Cluster,
+    spec: &config::ManageSpec,
+    book: &Book,
+) -> anyhow::Result<()> {
+    use crate::source::cluster::{Content, Event};
+    use crate::targets::Kept;
+    use crate::targets::kubeconfig::Kubeconfig;
+    let path = &spec.path;
+    let shown = escape(&path.display().to_string()).into_owned();
+    if !args.force
+        && let Ok(Some(claim)) = running::find(&args.common.state_dir)
+        && (claim.managed.is_empty() || claim.managed.iter().any(|m| m.is(&ManagedPath::of(path))))
+    {
+        let error = UsageError(format!(
+            "{shown} is managed by a running kubelet-ca-agent (pid {}), which would undo this sync at once: stop it first; --force writes anyway",
+            claim.who()
+        ));
+        if !args.dry_run {
+            return Err(error.into());
+        }
+        eprintln!("kubelet-ca-agent: the sync itself would be refused: {error}");
+    }
+    let sources = cluster.read_sources(&spec.sources, path, |_| false)?;
+    if args.dry_run {
+        let document = crate::kubeconfig::Document::parse(
+            &std::fs::read(path).with_context(|| format!("cannot read {shown}"))?,
+        )
+        .with_context(|| format!("{shown} cannot be kept"))?;
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let built = bundle::build(&sources, &[], args.common.policy(), now)
+            .with_context(|| format!("{shown} would be left as it was"))?;
+        let current = document
+            .cluster()
+            .ca_data
+            .as_deref()
+            .map(readable_certificates)
+            .unwrap_or_default();
+        let diff = bundle::diff(&current, built.bundle.certificates());
+        print_out(&format!(
+            "{shown}: the CA data of its cluster {} would gain {} and drop {} certificate(s) (a drop only once {} verifies with the new CA data alone)\n",
+            document.cluster().name,
+            diff.added.len(),
+            diff.removed.len(),
+            escape(&document.cluster().server)
+        ))?;
+        return Ok(());
+    }
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::default());
+    let mut target = Kubeconfig::new(
+        spec,
+        0,
+        &args.common,
+        None,
+        crate::targets::Wake::none(),
+        metrics,
+        book.clone(),
+    );
+    let now = std::time::Instant::now();
+    for (index, certificates) in sources.into_iter().enumerate() {
+        target.on_update(
+            index,
+            Event::Content(Content::Certificates(certificates)),
+            now,
+        );
+    }
+    let mut created = crate::registry::CreatedRecord::default();
+    target.reconcile(&mut created);
+    if target.wait_for_check() {
+        target.reconcile(&mut created);
+    }
+    let mut report = crate::targets::Report::default();
+    target.report(&mut report);
+    let status = report.into_status();
+    if status.in_sync != Some(true) {
+        anyhow::bail!(
+            "{shown}: {}",
+            status.sync_problem.as_deref().unwrap_or("not in sync")
+        );
+    }
+    Ok(())
 }
 
 /// Syncs one registry set (`--manage-registries`): every source read once, then one pass

@@ -43,6 +43,7 @@ struct Slot {
 struct Running {
     asked: Asked,
     verdict: Arc<Mutex<Option<Verdict>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 pub(crate) struct Kubeconfig {
@@ -223,11 +224,17 @@ impl Kubeconfig {
             about,
             at: Instant::now(),
         };
-        if let Err(e) = spawned {
-            tracing::warn!(kubeconfig = %self.filepath, "cannot start the check of its server: {e}");
-        }
+        let thread = spawned
+            .map_err(|e| {
+                tracing::warn!(kubeconfig = %self.filepath, "cannot start the check of its server: {e}");
+            })
+            .ok();
         self.asked = Some(asked.clone());
-        self.running = Some(Running { asked, verdict });
+        self.running = Some(Running {
+            asked,
+            verdict,
+            thread,
+        });
     }
 
     /// One pass: reads the kubeconfig, builds the CA data from the sources, and writes what
@@ -383,6 +390,18 @@ impl Kubeconfig {
                     })
                     .inc();
             }
+        }
+    }
+
+    /// Waits for the check of the server in flight, if one is (`sync`, which has no loop to
+    /// wake); true when one was, and a pass then takes its verdict in.
+    pub(crate) fn wait_for_check(&mut self) -> bool {
+        match self.running.as_mut().and_then(|r| r.thread.take()) {
+            Some(thread) => {
+                let _ = thread.join();
+                true
+            }
+            None => false,
         }
     }
 
