@@ -1712,4 +1712,236 @@ mod tests {
         );
         assert_eq!(printable(&"x".repeat(1000)).len(), 303);
     }
+
+    /// An error and what caused it, as the layers of a client stack them.
+    #[derive(Debug)]
+    struct Layer(
+        &'static str,
+        Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    );
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    /// What the status line and the log say of a request that got no answer: each
+    /// connection failure in the operator's words, a TLS failure found under the I/O error
+    /// that carries it, a failed name lookup said as one even when the innermost error does
+    /// not say "dns".
+    #[test]
+    fn a_request_without_an_answer_is_named_by_its_cause() {
+        use std::io::{Error, ErrorKind};
+        for (kind, said) in [
+            (ErrorKind::ConnectionRefused, "connection refused"),
+            (ErrorKind::ConnectionReset, "connection reset by the server"),
+            (ErrorKind::ConnectionAborted, "connection aborted"),
+            (ErrorKind::TimedOut, "connection timed out"),
+            (ErrorKind::HostUnreachable, "no route to the host"),
+            (ErrorKind::NetworkUnreachable, "the network is unreachable"),
+        ] {
+            let wrapped = Layer(
+                "client error (Connect)",
+                Some(Box::new(Error::new(kind, "os"))),
+            );
+            assert_eq!(
+                transport_cause(&wrapped),
+                ("unreachable", said.to_string()),
+                "{kind:?}"
+            );
+        }
+        let tls = |e: rustls::Error| {
+            let io = Error::other(e);
+            transport_cause(&Layer("client error (Connect)", Some(Box::new(io))))
+        };
+        use rustls::CertificateError as C;
+        assert_eq!(
+            tls(rustls::Error::InvalidCertificate(C::UnknownIssuer)),
+            ("tls", "TLS: unknown authority: the server's certificate is not signed by a CA the agent trusts for it".to_string())
+        );
+        assert!(
+            tls(rustls::Error::InvalidCertificate(C::BadSignature))
+                .1
+                .contains("one of the same name is trusted, with another key")
+        );
+        assert_eq!(
+            tls(rustls::Error::InvalidCertificate(C::Expired)).1,
+            "TLS: the server's certificate has expired"
+        );
+        assert!(
+            tls(rustls::Error::InvalidCertificate(C::NotValidYet))
+                .1
+                .contains("is the clock right?")
+        );
+        assert!(
+            tls(rustls::Error::InvalidCertificate(C::NotValidForName))
+                .1
+                .contains("not valid for this host name")
+        );
+        assert!(
+            tls(rustls::Error::AlertReceived(
+                rustls::AlertDescription::BadCertificate
+            ))
+            .1
+            .contains("is the client certificate one it accepts?")
+        );
+        // The lookup failure is said by an outer layer; the innermost only names the host.
+        let dns = Layer(
+            "client error (Connect)",
+            Some(Box::new(Layer(
+                "dns error: failed to lookup address information",
+                Some(Box::new(Layer("Name or service not known", None))),
+            ))),
+        );
+        assert_eq!(
+            transport_cause(&dns),
+            (
+                "unreachable",
+                "DNS lookup failed: Name or service not known".to_string()
+            )
+        );
+        let other = Layer(
+            "client error (SendRequest)",
+            Some(Box::new(Layer(
+                "connection closed before message completed",
+                None,
+            ))),
+        );
+        assert_eq!(
+            transport_cause(&other),
+            (
+                "unreachable",
+                "connection closed before message completed".to_string()
+            )
+        );
+    }
+
+    /// A 401 or a server certificate the trusted CAs do not sign sends the follower to read
+    /// the credentials again; nothing else does.
+    #[test]
+    fn only_a_refusal_or_an_untrusted_server_proves_the_credentials_stale() {
+        let cluster = |reason| SourceError::Cluster {
+            spec: "s".into(),
+            reason,
+            error: "e".into(),
+        };
+        assert!(proves_stale(&cluster("unauthorized")));
+        assert!(proves_stale(&cluster("tls")));
+        assert!(!proves_stale(&cluster("forbidden")));
+        assert!(!proves_stale(&cluster("unreachable")));
+        assert!(!proves_stale(&SourceError::NotFound { spec: "s".into() }));
+    }
+
+    /// A TLS failure names the CA the server was checked against; a refusal while the client
+    /// certificate in use has expired says so; other errors are left as they are.
+    #[test]
+    fn an_error_the_credentials_explain_says_which_of_them() {
+        let now = test_certs::now();
+        let expired = test_certs::ca(Some("system:node:n1"), None, now - 7200, now - 60);
+        let current = Current {
+            ca_origin: Some("certificate-authority-data of cluster \"c\" in kubeconfig k".into()),
+            client_certificate_origin: Some(
+                "client-certificate /var/lib/kubelet/pki/kubelet-client-current.pem".into(),
+            ),
+            held: vec![crate::credentials::HeldCertificate {
+                filepath: "k".into(),
+                kind: "user",
+                key: "u".into(),
+                certificate: expired,
+            }]
+            .into(),
+            ..Current::default()
+        };
+        let cluster = |reason| SourceError::Cluster {
+            spec: "s".into(),
+            reason,
+            error: "https://h:6443: E".into(),
+        };
+        let said = |reason| with_credentials_hint(cluster(reason), &current).to_string();
+        assert_eq!(
+            said("tls"),
+            "source s: https://h:6443: E (trusted for it: certificate-authority-data of cluster \"c\" in kubeconfig k)"
+        );
+        let refused = said("unauthorized");
+        assert!(refused.contains("the client certificate in use, client-certificate /var/lib/kubelet/pki/kubelet-client-current.pem, expired at"), "{refused}");
+        assert_eq!(said("forbidden"), "source s: https://h:6443: E");
+        let fresh = Current {
+            held: Arc::from(Vec::new()),
+            ..current.clone()
+        };
+        assert_eq!(
+            with_credentials_hint(cluster("unauthorized"), &fresh).to_string(),
+            "source s: https://h:6443: E"
+        );
+        let other = SourceError::NotFound { spec: "s".into() };
+        assert_eq!(with_credentials_hint(other, &current).reason(), "not_found");
+    }
+
+    /// Each error answer gets its reason, and a body that is no Kubernetes Status is said to
+    /// come from something between the agent and the API server.
+    #[test]
+    fn each_error_answer_has_its_reason_and_says_what_answered() {
+        let status = |code: u16, reason: &str, message: &str| Status {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            ..Status::default()
+        };
+        for (code, reason) in [
+            (401, "unauthorized"),
+            (403, "forbidden"),
+            (404, "not_found"),
+            (410, "expired"),
+            (500, "api_error"),
+            (429, "api_error"),
+        ] {
+            assert_eq!(
+                status_error("s", &status(code, "R", "m")).reason(),
+                reason,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            status_error("s", &status(403, "Forbidden", "configmaps is forbidden")).to_string(),
+            "source s: HTTP 403 Forbidden: configmaps is forbidden"
+        );
+        let empty = status_error("s", &status(502, "Failed to parse error data", "")).to_string();
+        assert_eq!(
+            empty,
+            "source s: HTTP 502 with an empty body, not a Kubernetes Status (a proxy or load balancer between here and the API server?)"
+        );
+        let html = status_error(
+            "s",
+            &status(
+                502,
+                "Failed to parse error data",
+                "<html>Bad Gateway</html>",
+            ),
+        )
+        .to_string();
+        assert!(
+            html.starts_with("source s: HTTP 502 with a body that is not a Kubernetes Status"),
+            "{html}"
+        );
+        assert!(html.ends_with("<html>Bad Gateway</html>"), "{html}");
+    }
+
+    /// The list that stands for a watch's first state asks for the one object by name, as
+    /// the watch does, so that RBAC by resourceNames allows both.
+    #[test]
+    fn the_list_selects_the_one_object_by_name() {
+        assert_eq!(
+            selector("kube-apiserver-client-ca"),
+            "metadata.name=kube-apiserver-client-ca"
+        );
+    }
 }

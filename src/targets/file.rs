@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
+use super::kept::{Kept, Report};
 use super::policy::{
     Action, BOUNDARY_RECHECK_MAX, BUNDLE_SETTLE, Backoff, Facts, Seen, WRITE_RETRY_WAIT, decide,
 };
 use super::schedule::Schedule;
-use super::{Kept, Report};
 use crate::bundle::{self, Built, Fingerprint, Policy, Remembered, SourceCertificates};
 use crate::exec::Hooks;
 use crate::fsutil::Stat;

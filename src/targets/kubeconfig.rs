@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
+use super::kept::{Kept, Report, Wake};
 use super::policy::{BOUNDARY_RECHECK_MAX, Backoff, WRITE_RETRY_WAIT};
 use super::schedule::Schedule;
-use super::{Kept, Report, Wake};
 use crate::bundle::{self, Bundle, Certificate, Fingerprint, Policy};
 use crate::config;
 use crate::exec::Hooks;

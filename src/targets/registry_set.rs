@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
+use super::kept::{Kept, Report};
 use super::policy::{BOUNDARY_RECHECK_MAX, Backoff};
 use super::schedule::Schedule;
-use super::{Kept, Report};
 use crate::bundle::{self, Fingerprint};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
 use crate::registry::{
