@@ -37,6 +37,67 @@ const SETTLE: Duration = Duration::from_millis(5);
 /// An answer proving the credentials stale reads them again at most this often.
 const STALE_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// When the follower reads the credentials again, pure: after a failed reading, from
+/// [`RETRY_FIRST`] doubling to [`RETRY_MAX`]; whatever happens, every [`REREAD_EVERY`]; on a
+/// change on disk at once; when an answer proves them stale, at most once a
+/// [`STALE_MIN_INTERVAL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rereads {
+    retry_delay: Duration,
+    retry_at: Option<Instant>,
+    reread_at: Instant,
+    last_stale: Option<Instant>,
+}
+
+impl Rereads {
+    fn new(now: Instant) -> Rereads {
+        Rereads {
+            retry_delay: RETRY_FIRST,
+            retry_at: None,
+            reread_at: now + REREAD_EVERY,
+            last_stale: None,
+        }
+    }
+
+    /// A reading succeeded: no retry is pending, and the next failure starts over.
+    fn read_ok(&mut self) {
+        self.retry_delay = RETRY_FIRST;
+        self.retry_at = None;
+    }
+
+    /// A reading failed at `now`: the next is after the delay, which doubles.
+    fn read_failed(&mut self, now: Instant) {
+        self.retry_at = Some(now + self.retry_delay);
+        self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+    }
+
+    /// When to read again if nothing happens before.
+    fn deadline(&self) -> Instant {
+        self.retry_at
+            .map_or(self.reread_at, |r| r.min(self.reread_at))
+    }
+
+    /// An answer proved them stale at `now`: the instant to read them (now, or one
+    /// [`STALE_MIN_INTERVAL`] after the last such reading).
+    fn stale(&mut self, now: Instant) -> Instant {
+        let at = match self.last_stale {
+            Some(last) if now.duration_since(last) < STALE_MIN_INTERVAL => {
+                last + STALE_MIN_INTERVAL
+            }
+            _ => now,
+        };
+        self.last_stale = Some(at);
+        at
+    }
+
+    /// A reading is about to happen at `now`: the once-a-minute one, if due, moves on.
+    fn reading(&mut self, now: Instant) {
+        if now >= self.reread_at {
+            self.reread_at = now + REREAD_EVERY;
+        }
+    }
+}
+
 /// The client as the credentials on disk allow now.
 #[derive(Clone, Default)]
 pub struct Current {
@@ -166,10 +227,7 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
     let (fs_tx, mut fs_rx) = mpsc::unbounded_channel();
     let mut watching: Option<(BTreeSet<PathBuf>, tokio::task::JoinHandle<()>)> = None;
     let mut fingerprint: Option<[u8; 32]> = None;
-    let mut retry_delay = RETRY_FIRST;
-    let mut retry_at: Option<Instant>;
-    let mut reread_at = Instant::now() + REREAD_EVERY;
-    let mut last_stale: Option<Instant> = None;
+    let mut rereads = Rereads::new(Instant::now());
     loop {
         let attempt = {
             let origin = origin.clone();
@@ -190,8 +248,7 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
         }
         match attempt.result {
             Ok(loaded) => {
-                retry_delay = RETRY_FIRST;
-                retry_at = None;
+                rereads.read_ok();
                 if fingerprint != Some(loaded.fingerprint) {
                     match client(loaded.config) {
                         Ok(client) => {
@@ -223,13 +280,12 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
             }
             Err(error) => {
                 report(&tx, &origin, error.problem);
-                retry_at = Some(Instant::now() + retry_delay);
-                retry_delay = (retry_delay * 2).min(RETRY_MAX);
+                rereads.read_failed(Instant::now());
             }
         }
         // Wait for a reason to read them again.
         loop {
-            let deadline = retry_at.map_or(reread_at, |r| r.min(reread_at));
+            let deadline = rereads.deadline();
             tokio::select! {
                 event = fs_rx.recv() => match event {
                     Some(FsEvent::Credentials | FsEvent::Rescan) => {
@@ -241,21 +297,13 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
                     None => return,
                 },
                 () = stale.notified() => {
-                    let now = Instant::now();
-                    if let Some(last) = last_stale
-                        && now.duration_since(last) < STALE_MIN_INTERVAL
-                    {
-                        tokio::time::sleep_until(last + STALE_MIN_INTERVAL).await;
-                    }
-                    last_stale = Some(Instant::now());
+                    tokio::time::sleep_until(rereads.stale(Instant::now())).await;
                     break;
                 }
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        if Instant::now() >= reread_at {
-            reread_at = Instant::now() + REREAD_EVERY;
-        }
+        rereads.reading(Instant::now());
         if tx.is_closed() {
             return;
         }
@@ -328,6 +376,87 @@ pub fn one_shot_client(origin: &Origin) -> anyhow::Result<(kube::Client, String)
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    /// The follower's timing: failed readings retried from 1 s doubling to a minute and
+    /// starting over after a success; the once-a-minute reading always comes; a stale
+    /// answer reads at once, but at most once a second.
+    #[test]
+    fn credentials_are_read_again_as_the_rules_say() {
+        let t0 = Instant::now();
+        let mut r = Rereads::new(t0);
+        assert_eq!(r.deadline(), t0 + REREAD_EVERY);
+        let mut now = t0;
+        let mut delays = Vec::new();
+        for _ in 0..8 {
+            r.read_failed(now);
+            let at = r.deadline();
+            delays.push((at - now).as_secs());
+            now = at;
+            r.reading(now);
+        }
+        assert_eq!(
+            delays,
+            [1, 2, 4, 8, 16, 29, 60, 60],
+            "capped by the minute's reading"
+        );
+        r.read_ok();
+        assert_eq!(r.retry_at, None);
+        r.read_failed(now);
+        assert_eq!(r.deadline(), now + RETRY_FIRST, "a success starts over");
+        // The minute's reading moves on only once it is due.
+        let mut r = Rereads::new(t0);
+        r.reading(t0 + Duration::from_secs(59));
+        assert_eq!(r.deadline(), t0 + REREAD_EVERY);
+        r.reading(t0 + REREAD_EVERY);
+        assert_eq!(r.deadline(), t0 + REREAD_EVERY * 2);
+        // Stale answers: at once, then at most once a second.
+        let mut r = Rereads::new(t0);
+        assert_eq!(r.stale(t0), t0);
+        assert_eq!(
+            r.stale(t0 + Duration::from_millis(300)),
+            t0 + STALE_MIN_INTERVAL
+        );
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(r.stale(later), later);
+    }
+
+    /// The client certificate is the user's, never a CA trusted for the server; without
+    /// credentials, why says so.
+    #[test]
+    fn what_is_known_of_the_credentials_in_use() {
+        let now = crate::bundle::test_certs::now();
+        let held = |kind, cn: &str| HeldCertificate {
+            filepath: "k".into(),
+            kind,
+            key: "x".into(),
+            certificate: crate::bundle::test_certs::ca(Some(cn), None, now - 60, now + 3600),
+        };
+        let current = Current {
+            held: vec![held("cluster", "ca"), held("user", "system:node:n1")].into(),
+            ..Current::default()
+        };
+        assert_eq!(
+            current
+                .client_certificate()
+                .map(|c| c.subject_cn.clone())
+                .as_deref(),
+            Some("system:node:n1")
+        );
+        let cas_only = Current {
+            held: vec![held("cluster", "ca")].into(),
+            ..Current::default()
+        };
+        assert!(cas_only.client_certificate().is_none());
+        assert_eq!(
+            Current::default().why_none(),
+            "the credentials have not been read yet"
+        );
+        let refused = Current {
+            problem: Some("kubeconfig k does not exist yet".into()),
+            ..Current::default()
+        };
+        assert_eq!(refused.why_none(), "kubeconfig k does not exist yet");
+    }
 
     use base64::Engine;
 
