@@ -6,6 +6,8 @@
 
 mod common;
 
+use base64::Engine;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
@@ -121,9 +123,33 @@ fn every_alert_and_dashboard_query_evaluates_against_a_scraped_agent() {
         ),
     )
     .unwrap();
-    let agent = Agent::start_with(&node, &[&source], &["--node-name", "node-a"], |cmd| {
-        cmd.env("KUBELET_CA_AGENT_KUBELET_CONFIG", &kubelet_config);
-    });
+    // A managed kubeconfig, in sync: the series of its alerts are there.
+    let apiserver_ca = Signer::new("kube-apiserver-service-network-signer", Algorithm::P256);
+    let kubeconfig = node.root().join("kubelet/kubeconfig");
+    fs::create_dir_all(kubeconfig.parent().unwrap()).unwrap();
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:9\n    certificate-authority-data: {}\n",
+            base64::engine::general_purpose::STANDARD.encode(apiserver_ca.pem())
+        ),
+    )
+    .unwrap();
+    let kubeconfig_source = node.root().join("apiserver-ca.pem");
+    put(&kubeconfig_source, apiserver_ca.pem());
+    let manage = format!(
+        "{}=file:{}",
+        kubeconfig.display(),
+        kubeconfig_source.display()
+    );
+    let agent = Agent::start_with(
+        &node,
+        &[&source],
+        &["--node-name", "node-a", "--manage-kubeconfig", &manage],
+        |cmd| {
+            cmd.env("KUBELET_CA_AGENT_KUBELET_CONFIG", &kubelet_config);
+        },
+    );
     wait_until(10 * SECOND, || node.holds(old.pem()));
 
     let rules = node.root().join("rules.yaml");
