@@ -440,6 +440,20 @@ pub struct PublishArgs {
         value_parser = parse_cluster_source_spec
     )]
     pub cloud_ca_sources: Vec<SourceSpec>,
+    /// Also keep the CA data of the nodes' kubeconfigs in key kubeconfig-ca.crt of the same
+    /// ConfigMap, from these sources (same forms as --source; repeat the flag, or separate
+    /// with commas), e.g. configmap:openshift-machine-config-operator/kubeconfig-data (PEM,
+    /// or base64 of PEM), so that nodes behind the publisher read one object
+    /// (--manage-kubeconfig PATH=configmap:NS/NAME/kubeconfig-ca.crt). A bad update, or
+    /// sources that hold nothing, keep the key as it is.
+    #[arg(
+        long = "kubeconfig-ca-source",
+        value_name = "SPEC",
+        env = "KUBELET_CA_AGENT_KUBECONFIG_CA_SOURCE",
+        value_delimiter = ',',
+        value_parser = parse_cluster_source_spec
+    )]
+    pub kubeconfig_ca_sources: Vec<SourceSpec>,
     /// Also keep the registry CAs in the same ConfigMap, one key registry.<host..port> per
     /// registry these sources name (repeat the flag, or separate with commas):
     /// controllerconfig:NAME/imageRegistryBundleData|imageRegistryBundleUserData, or

@@ -244,6 +244,8 @@ pub struct Publish {
     pub sources: Vec<SourceSpec>,
     /// The cloud-provider CA's sources; empty: the key is not kept.
     pub cloud_ca_sources: Vec<SourceSpec>,
+    /// The sources of the CA data of the nodes' kubeconfigs; empty: the key is not kept.
+    pub kubeconfig_ca_sources: Vec<SourceSpec>,
     /// The registry entries' sources, none of them also a source of a bundle; empty: no
     /// registry keys are kept.
     pub registry_sources: Vec<SourceSpec>,

@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::fs;
 use std::time::Duration;
 
 use base64::Engine;
@@ -996,4 +997,118 @@ fn every_key_needs_no_more_than_the_publishers_objects_by_name() {
         agent.get("/readyz").is_some_and(|(code, _)| code == 200)
     });
     assert!(!agent.log().contains("forbidden"), "{}", agent.log());
+}
+
+/// `--kubeconfig-ca-source` (issue 26): the publisher derives `kubeconfig-ca.crt` from the
+/// `kubeconfig-data` ConfigMap (base64 of PEM, as the node configuration path holds it),
+/// in the loop and with `--once`; sources that hold nothing keep the key as it is; and a
+/// node keeps its kubeconfig from that one key.
+#[test]
+fn the_kubeconfigs_ca_is_derived_into_its_key_and_a_node_keeps_its_kubeconfig_from_it() {
+    const DATA_NS: &str = "openshift-machine-config-operator";
+    const DATA: &str = "kubeconfig-data";
+    let api = ApiServer::start();
+    let node = Node::new();
+    let kube = Signer::new("kube-apiserver-lb-signer", Algorithm::P256);
+    let (ca1, ca2) = (
+        Signer::new("kube-apiserver-serving-ca-1", Algorithm::P256),
+        Signer::new("kube-apiserver-serving-ca-2", Algorithm::P256),
+    );
+    api.put_controllerconfig(CC, &b64(&kube.pem()));
+    api.put_configmap(DATA_NS, DATA, &[("ca-bundle.crt", &b64(&ca1.pem()))], &[]);
+    let source = format!("configmap:{DATA_NS}/{DATA}");
+    let agent = publisher(&node, &api, &["--kubeconfig-ca-source", &source]);
+    let key = |api: &ApiServer| data(api).get("kubeconfig-ca.crt").cloned();
+    wait_until(10 * SECOND, || key(&api) == Some(ca1.pem()));
+    assert_eq!(
+        annotation(&api, "kubelet-ca-agent.io/kubeconfig-ca-sources").as_deref(),
+        Some(source.as_str())
+    );
+
+    // A node behind the publisher keeps its kubeconfig from that key.
+    let kubeconfig = node.root().join("kubelet-kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:9\n    certificate-authority-data: {}\n",
+            b64(&ca1.pem())
+        ),
+    )
+    .unwrap();
+    let manage = format!(
+        "{}=configmap:{NS}/{NAME}/kubeconfig-ca.crt",
+        kubeconfig.display()
+    );
+    let kubeconfig_ca = || {
+        let text = fs::read_to_string(&kubeconfig).unwrap();
+        let line = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+            .unwrap()
+            .to_string();
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(line)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let node_agent = Agent::start(
+        &node,
+        &[&format!("configmap:{NS}/{NAME}")],
+        &[
+            "--kubeconfig",
+            api.kubeconfig().to_str().unwrap(),
+            "--manage-kubeconfig",
+            &manage,
+        ],
+    );
+    wait_until(10 * SECOND, || node.holds(kube.pem()));
+
+    // The next CA is published beside the first: the key, then the node's kubeconfig.
+    let both = format!("{}{}", ca1.pem(), ca2.pem());
+    api.put_configmap(DATA_NS, DATA, &[("ca-bundle.crt", &b64(&both))], &[]);
+    wait_until(10 * SECOND, || key(&api).as_deref() == Some(both.as_str()));
+    wait_until(10 * SECOND, || kubeconfig_ca() == both);
+
+    // Sources that hold nothing keep the key as it is, and say so.
+    api.put_configmap(DATA_NS, DATA, &[("ca-bundle.crt", "")], &[]);
+    agent.wait_sample(
+        10 * SECOND,
+        "kubelet_ca_source_errors_total",
+        &[("source", &source), ("reason", "no_certificate")],
+        |v| v >= 1.0,
+    );
+    assert_eq!(key(&api).as_deref(), Some(both.as_str()));
+    drop(node_agent);
+
+    // --once derives it too.
+    let out = publish_command()
+        .args(["--to", TO, "--once", "--kubeconfig"])
+        .arg(api.kubeconfig())
+        .args(["--kubeconfig-ca-source", &source])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an empty source fails the run: {}",
+        stderr(&out)
+    );
+    api.put_configmap(DATA_NS, DATA, &[("ca-bundle.crt", &ca2.pem())], &[]);
+    let out = publish_command()
+        .args(["--to", TO, "--once", "--kubeconfig"])
+        .arg(api.kubeconfig())
+        .args(["--kubeconfig-ca-source", &source])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(key(&api), Some(ca2.pem()));
+    // Its key where the bundle goes: a usage error.
+    let out = publish_command()
+        .args(["--to", &format!("{TO}/kubeconfig-ca.crt"), "--once"])
+        .args(["--kubeconfig-ca-source", &source])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }

@@ -125,6 +125,7 @@ impl PublishArgs {
             to: args.to.clone(),
             sources: args.sources.clone(),
             cloud_ca_sources: args.cloud_ca_sources.clone(),
+            kubeconfig_ca_sources: args.kubeconfig_ca_sources.clone(),
             registry_sources: args.registry_sources.clone(),
             kubeconfig: args.kubeconfig.clone(),
             drop_expired: args.drop_expired,
@@ -275,6 +276,12 @@ fn check_publish(args: &PublishArgs) -> Result<(), String> {
             args.to.namespace, args.to.name
         ));
     }
+    if !args.kubeconfig_ca_sources.is_empty() && key == crate::publish::keys::KUBECONFIG_CA_KEY {
+        return Err(format!(
+            "--to {}/{}/{key}: that key holds the kubeconfigs' CA (--kubeconfig-ca-source); put the bundle in another key",
+            args.to.namespace, args.to.name
+        ));
+    }
     if !args.registry_sources.is_empty()
         && key.starts_with(crate::publish::keys::REGISTRY_KEY_PREFIX)
     {
@@ -285,10 +292,15 @@ fn check_publish(args: &PublishArgs) -> Result<(), String> {
             crate::publish::keys::REGISTRY_KEY_PREFIX
         ));
     }
-    let bundles: Vec<&SourceSpec> = args.sources.iter().chain(&args.cloud_ca_sources).collect();
+    let bundles: Vec<&SourceSpec> = args
+        .sources
+        .iter()
+        .chain(&args.cloud_ca_sources)
+        .chain(&args.kubeconfig_ca_sources)
+        .collect();
     if let Some(spec) = args.registry_sources.iter().find(|s| bundles.contains(s)) {
         return Err(format!(
-            "--registry-source {spec} is also a source of a bundle (--source or --cloud-ca-source); a source is read either as one bundle or as a registry list, not both"
+            "--registry-source {spec} is also a source of a bundle (--source, --cloud-ca-source or --kubeconfig-ca-source); a source is read either as one bundle or as a registry list, not both"
         ));
     }
     Ok(())

@@ -22,6 +22,8 @@ pub const SOURCES_ANNOTATION: &str = "kubelet-ca-agent.io/sources";
 pub const OTHER_KEYS_SHA256_ANNOTATION: &str = "kubelet-ca-agent.io/other-keys-sha256";
 /// The source specs of the cloud CA (`cloud-ca.pem`), comma-separated.
 pub const CLOUD_CA_SOURCES_ANNOTATION: &str = "kubelet-ca-agent.io/cloud-ca-sources";
+/// The source specs of the kubeconfigs' CA (`kubeconfig-ca.crt`), comma-separated.
+pub const KUBECONFIG_CA_SOURCES_ANNOTATION: &str = "kubelet-ca-agent.io/kubeconfig-ca-sources";
 /// The source specs of the registry CAs (`registry.*`), comma-separated.
 pub const REGISTRY_SOURCES_ANNOTATION: &str = "kubelet-ca-agent.io/registry-sources";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

@@ -1,15 +1,17 @@
 //! The keys the publisher keeps beside the kubelet bundle, so that a node still watches one
-//! small object for every CA file it keeps (SPEC 4b): the cloud-provider CA in
-//! [`CLOUD_CA_KEY`], and each registry CA in `registry.<host..port>`. Pure, like the bundle
+//! small object for every CA file it keeps (SPEC 4b, 4c): the cloud-provider CA in
+//! [`CLOUD_CA_KEY`], the CA data of the nodes' kubeconfigs in [`KUBECONFIG_CA_KEY`], and each
+//! registry CA in `registry.<host..port>`. Pure, like the bundle
 //! and registry engines it calls: from the sources' last good content, what the ConfigMap
 //! holds now, and `now`, the value of every key, which keys are held as they are and why,
 //! and what to tell.
 //!
 //! The rules:
-//! - The cloud CA is its sources' certificates, validated and merged by the bundle's engine
-//!   and rendered as PEM; the empty string when they hold none (`cloudProviderCAData` is
-//!   empty on most platforms), so that a node's `--manage` file fed by the key has nothing
-//!   to keep rather than a source that is down.
+//! - The cloud CA, and the kubeconfigs' CA, is its sources' certificates, validated and
+//!   merged by the bundle's engine and rendered as PEM. The cloud CA is the empty string when
+//!   its sources hold none (`cloudProviderCAData` is empty on most platforms), so that a
+//!   node's `--manage` file fed by the key has nothing to keep rather than a source that is
+//!   down; the kubeconfigs' CA is never empty (it is held instead).
 //! - Each registry is the registry engine's file ([`registry::build`]): certificates only,
 //!   never a key, a non-CA kept; the first source naming a registry wins.
 //! - A key whose new value cannot be used keeps the value the ConfigMap holds (it is
@@ -30,6 +32,32 @@ use crate::source::is_configmap_key;
 
 /// The key of the cloud-provider CA.
 pub const CLOUD_CA_KEY: &str = "cloud-ca.pem";
+/// The key of the CA data of the nodes' kubeconfigs (`--kubeconfig-ca-source`).
+pub const KUBECONFIG_CA_KEY: &str = "kubeconfig-ca.crt";
+
+/// A key that holds a bundle of sources of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundleKey {
+    pub key: &'static str,
+    /// What it holds, for messages.
+    pub what: &'static str,
+    /// Its sources may hold nothing, and the key is then the empty string.
+    pub empty_allowed: bool,
+}
+
+/// The cloud-provider CA (`--cloud-ca-source`).
+pub const CLOUD_CA: BundleKey = BundleKey {
+    key: CLOUD_CA_KEY,
+    what: "the cloud CA",
+    empty_allowed: true,
+};
+
+/// The CA data of the nodes' kubeconfigs (`--kubeconfig-ca-source`).
+pub const KUBECONFIG_CA: BundleKey = BundleKey {
+    key: KUBECONFIG_CA_KEY,
+    what: "the kubeconfigs' CA",
+    empty_allowed: false,
+};
 /// The start of every registry's key: `registry.<host..port>`.
 pub const REGISTRY_KEY_PREFIX: &str = "registry.";
 /// The `reason` of a registry skipped because its name cannot be a key.
@@ -85,8 +113,9 @@ pub struct Others {
     /// The keys held as the ConfigMap has them (or, when their value there is not valid,
     /// left out), and why.
     pub held: BTreeMap<String, String>,
-    /// Why the cloud CA could not be built from its sources: (reason, problem).
-    pub cloud_problem: Option<(&'static str, String)>,
+    /// Why a bundle key (the cloud CA, the kubeconfigs' CA) could not be built from its
+    /// sources, by key: (reason, problem).
+    pub problems: BTreeMap<&'static str, (&'static str, String)>,
     /// Refused registry entries and skipped registries: warnings, counted.
     pub refused: Vec<Told>,
     /// Content warnings and shadowed entries: said once, not counted.
@@ -95,26 +124,28 @@ pub struct Others {
 
 /// The other keys' values. `now` is unix seconds.
 pub fn others(
-    cloud: Read<&[SourceCertificates]>,
+    bundles: &[(BundleKey, Read<&[SourceCertificates]>)],
     registries: Read<Vec<Entries>>,
     policy: Policy,
     now: i64,
     current: Current<'_>,
 ) -> Others {
     let mut others = Others::default();
-    match cloud {
-        Read::Off => {}
-        Read::Unread => {
-            if current.owned.contains(CLOUD_CA_KEY) {
-                others.hold(
-                    CLOUD_CA_KEY,
-                    "a source of the cloud CA has not been read yet".into(),
-                    current,
-                    now,
-                );
+    for (kind, read) in bundles {
+        match read {
+            Read::Off => {}
+            Read::Unread => {
+                if current.owned.contains(kind.key) {
+                    others.hold(
+                        kind.key,
+                        format!("a source of {} has not been read yet", kind.what),
+                        current,
+                        now,
+                    );
+                }
             }
+            Read::Read(sources) => others.bundle_key(*kind, sources, policy, now, current),
         }
-        Read::Read(sources) => others.cloud(sources, policy, now, current),
     }
     match registries {
         Read::Off => {}
@@ -141,44 +172,44 @@ fn registry_keys(keys: &BTreeSet<String>) -> impl Iterator<Item = &str> {
 }
 
 impl Others {
-    fn cloud(
+    fn bundle_key(
         &mut self,
+        kind: BundleKey,
         sources: &[SourceCertificates],
         policy: Policy,
         now: i64,
         current: Current<'_>,
     ) {
-        if sources
-            .iter()
-            .all(|s| s.certificates.is_empty() && s.not_ca.is_empty())
+        let key = kind.key;
+        if kind.empty_allowed
+            && sources
+                .iter()
+                .all(|s| s.certificates.is_empty() && s.not_ca.is_empty())
         {
             // No cloud CA on this platform: the key says so, empty.
-            self.values.insert(CLOUD_CA_KEY.to_string(), String::new());
-            self.certificates
-                .insert(CLOUD_CA_KEY.to_string(), Vec::new());
+            self.values.insert(key.to_string(), String::new());
+            self.certificates.insert(key.to_string(), Vec::new());
             return;
         }
         match bundle::build(sources, &[], policy, now) {
             Ok(built) => {
                 let rendered = built.bundle.render();
                 self.values.insert(
-                    CLOUD_CA_KEY.to_string(),
+                    key.to_string(),
                     String::from_utf8_lossy(&rendered).into_owned(),
                 );
-                self.certificates.insert(
-                    CLOUD_CA_KEY.to_string(),
-                    built.bundle.certificates().to_vec(),
-                );
+                self.certificates
+                    .insert(key.to_string(), built.bundle.certificates().to_vec());
             }
             Err(e) => {
-                let problem = format!("the cloud CA: {e}");
+                let problem = format!("{}: {e}", kind.what);
                 self.hold(
-                    CLOUD_CA_KEY,
+                    key,
                     format!("{problem}; the key keeps what it holds"),
                     current,
                     now,
                 );
-                self.cloud_problem = Some((e.reason(), problem));
+                self.problems.insert(key, (e.reason(), problem));
             }
         }
     }
@@ -266,12 +297,10 @@ impl Others {
     fn hold(&mut self, key: &str, why: String, current: Current<'_>, now: i64) {
         let valid = current.values.get(key).and_then(|bytes| {
             let text = std::str::from_utf8(bytes).ok()?;
-            let certificates = if key == CLOUD_CA_KEY {
-                if text.trim().is_empty() {
-                    Vec::new()
-                } else {
-                    bundle::parse_source(bytes).ok()?.certificates
-                }
+            let certificates = if key == CLOUD_CA_KEY && text.trim().is_empty() {
+                Vec::new()
+            } else if key == CLOUD_CA_KEY || key == KUBECONFIG_CA_KEY {
+                bundle::parse_source(bytes).ok()?.certificates
             } else {
                 registry::registry_file(bytes, now).ok()?.certificates
             };
@@ -379,7 +408,7 @@ mod tests {
             list(&[("quay.io", &quay), ("image-registry.svc:5000", &quay)]),
         ];
         let built = others(
-            Read::Read(std::slice::from_ref(&cloud_source)),
+            &[(CLOUD_CA, Read::Read(std::slice::from_ref(&cloud_source)))],
             Read::Read(sources),
             policy(),
             test_certs::now(),
@@ -405,7 +434,7 @@ mod tests {
 
         let empty = SourceCertificates::default();
         let built = others(
-            Read::Read(std::slice::from_ref(&empty)),
+            &[(CLOUD_CA, Read::Read(std::slice::from_ref(&empty)))],
             Read::Off,
             policy(),
             test_certs::now(),
@@ -441,7 +470,7 @@ mod tests {
             ("edited.example", b"not a certificate"),
         ])];
         let built = others(
-            Read::Off,
+            &[],
             Read::Read(sources),
             policy(),
             test_certs::now(),
@@ -492,7 +521,7 @@ mod tests {
             owned: &owned,
         };
         let built = others(
-            Read::Unread,
+            &[(CLOUD_CA, Read::Unread)],
             Read::Unread,
             policy(),
             test_certs::now(),
@@ -504,7 +533,7 @@ mod tests {
         // A source not whole holds removals, not the rest.
         let broken = registry::from_list(CC, "imageRegistryBundleData", &json!({"not": "a list"}));
         let built = others(
-            Read::Off,
+            &[],
             Read::Read(vec![broken]),
             policy(),
             test_certs::now(),
@@ -533,7 +562,7 @@ mod tests {
         };
         let source = bundle::parse_source(&expired).unwrap();
         let built = others(
-            Read::Read(std::slice::from_ref(&source)),
+            &[(CLOUD_CA, Read::Read(std::slice::from_ref(&source)))],
             Read::Off,
             Policy {
                 retain_removed: 0,
@@ -543,7 +572,7 @@ mod tests {
             current,
         );
         assert_eq!(built.values["cloud-ca.pem"], text(&cloud));
-        assert!(built.cloud_problem.is_some());
+        assert!(built.problems.contains_key("cloud-ca.pem"));
         assert!(built.held.contains_key("cloud-ca.pem"));
     }
 }

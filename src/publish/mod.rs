@@ -40,7 +40,7 @@ use crate::source::state::SourceState;
 use crate::source::{SourceError, SourceSpec};
 use crate::status::{Status, TargetKind, unix_now};
 use configmap::{Observed, Publication, Seen, Step};
-use keys::{CLOUD_CA_KEY, Current, Others, REGISTRY_KEY_PREFIX, Read};
+use keys::{BundleKey, CLOUD_CA_KEY, Current, Others, REGISTRY_KEY_PREFIX, Read};
 
 /// An apply that found the ConfigMap moved looks again after this (a failed one waits as
 /// [`Backoff`] says).
@@ -82,6 +82,12 @@ fn source_annotations(args: &Publish) -> Vec<(&'static str, String)> {
             source_list(&args.cloud_ca_sources),
         ));
     }
+    if !args.kubeconfig_ca_sources.is_empty() {
+        annotations.push((
+            configmap::KUBECONFIG_CA_SOURCES_ANNOTATION,
+            source_list(&args.kubeconfig_ca_sources),
+        ));
+    }
     if !args.registry_sources.is_empty() {
         annotations.push((
             configmap::REGISTRY_SOURCES_ANNOTATION,
@@ -91,14 +97,43 @@ fn source_annotations(args: &Publish) -> Vec<(&'static str, String)> {
     annotations
 }
 
-/// Every source, in the order updates name them: the bundle's, the cloud CA's, then the
-/// registry CAs'.
+/// Every source, in the order updates name them: the bundle's, each bundle key's (the cloud
+/// CA's, the kubeconfigs' CA's), then the registry CAs'.
 fn all_sources(args: &Publish) -> Vec<SourceSpec> {
     args.sources
         .iter()
-        .chain(&args.cloud_ca_sources)
+        .chain(bundle_keys(args).into_iter().flat_map(|(_, specs)| specs))
         .chain(&args.registry_sources)
         .cloned()
+        .collect()
+}
+
+/// The keys that hold a bundle of their own sources, with those sources (empty when the
+/// key is not kept), in the order of [`all_sources`].
+fn bundle_keys(args: &Publish) -> [(BundleKey, &[SourceSpec]); 2] {
+    [
+        (keys::CLOUD_CA, &args.cloud_ca_sources),
+        (keys::KUBECONFIG_CA, &args.kubeconfig_ca_sources),
+    ]
+}
+
+/// What the sources of each bundle key gave, as [`keys::others`] takes it.
+fn bundle_reads<'a>(
+    kinds: &[(BundleKey, usize)],
+    read: &'a [Vec<SourceCertificates>],
+    complete: &[bool],
+) -> Vec<(BundleKey, Read<&'a [SourceCertificates]>)> {
+    kinds
+        .iter()
+        .zip(read.iter().zip(complete))
+        .map(|(&(kind, wanted), (sources, &complete))| {
+            let read = match (wanted, complete) {
+                (0, _) => Read::Off,
+                (_, true) => Read::Read(&sources[..]),
+                (_, false) => Read::Unread,
+            };
+            (kind, read)
+        })
         .collect()
 }
 
@@ -139,12 +174,25 @@ fn no_answer(what: &str, server: &str) -> anyhow::Error {
 async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Result<Exit> {
     let to = &args.to;
     let specs = all_sources(args);
-    let (bundles, clouds) = (args.sources.len(), args.cloud_ca_sources.len());
+    let bundles = args.sources.len();
+    let kinds: Vec<(BundleKey, usize)> = bundle_keys(args)
+        .iter()
+        .map(|(kind, specs)| (*kind, specs.len()))
+        .collect();
+    // The source at `index` among the bundle keys' sources: which key it feeds.
+    let kind_of = |index: usize| {
+        let mut first = bundles;
+        kinds.iter().position(|(_, n)| {
+            first += n;
+            index < first
+        })
+    };
     let answers = cluster::read_sources(&client, server, &specs, content_of(args)).await;
     let mut sources = Vec::with_capacity(bundles);
-    let mut cloud = Vec::with_capacity(clouds);
+    let mut keyed: Vec<Vec<SourceCertificates>> = vec![Vec::new(); kinds.len()];
+    let mut keyed_read = vec![true; kinds.len()];
     let mut registries = Vec::with_capacity(args.registry_sources.len());
-    let (mut cloud_read, mut registries_read) = (true, true);
+    let mut registries_read = true;
     let mut failures: Vec<String> = Vec::new();
     for (index, (spec, answer)) in specs.iter().zip(answers).enumerate() {
         let answer = answer.expect("publish reads cluster sources only");
@@ -158,18 +206,17 @@ async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Res
             Err(error) => {
                 tracing::error!(source = %spec, reason = error.reason(), "{error}; the keys it feeds are left as they are");
                 failures.push(error.to_string());
-                if index < bundles + clouds {
-                    cloud_read = false;
-                } else {
-                    registries_read = false;
+                match kind_of(index) {
+                    Some(kind) => keyed_read[kind] = false,
+                    None => registries_read = false,
                 }
             }
             Ok(Content::Certificates(parsed)) => {
                 crate::source::warn_not_ca(spec, &parsed);
-                if index < bundles {
-                    sources.push(parsed);
-                } else {
-                    cloud.push(parsed);
+                match kind_of(index) {
+                    _ if index < bundles => sources.push(parsed),
+                    Some(kind) => keyed[kind].push(parsed),
+                    None => {}
                 }
             }
             Ok(Content::Entries(entries)) => registries.push(Arc::unwrap_or_clone(entries)),
@@ -189,11 +236,7 @@ async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Res
     let observed = current.as_ref().map(|c| Observed::of(c, &to.key));
     let empty = Observed::new(None, None, None);
     let seen = observed.as_ref().unwrap_or(&empty);
-    let cloud = match (args.cloud_ca_sources.is_empty(), cloud_read) {
-        (true, _) => Read::Off,
-        (false, true) => Read::Read(&cloud[..]),
-        (false, false) => Read::Unread,
-    };
+    let reads = bundle_reads(&kinds, &keyed, &keyed_read);
     let registries = match (args.registry_sources.is_empty(), registries_read) {
         (true, _) => Read::Off,
         (false, true) => Read::Read(registries),
@@ -203,9 +246,9 @@ async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Res
         values: &seen.others,
         owned: &seen.owned,
     };
-    let others = keys::others(cloud, registries, policy(args), now, current_keys);
-    if let Some((reason, problem)) = &others.cloud_problem {
-        tracing::error!(reason, "{problem}; {CLOUD_CA_KEY} is left as it is");
+    let others = keys::others(&reads, registries, policy(args), now, current_keys);
+    for (key, (reason, problem)) in &others.problems {
+        tracing::error!(reason, "{problem}; {key} is left as it is");
         failures.push(problem.clone());
     }
     for told in &others.refused {
@@ -327,16 +370,17 @@ struct Publisher {
     credentials: Credentials,
     annotations: Vec<(&'static str, String)>,
     policy: Policy,
-    /// The bundle's sources, then the cloud CA's and the registry CAs'.
+    /// The bundle's sources, then each bundle key's (the cloud CA's, the kubeconfigs' CA's;
+    /// none when the key is not kept) and the registry CAs'.
     slots: Vec<SourceState>,
-    cloud_slots: Vec<SourceState>,
+    key_slots: Vec<(BundleKey, Vec<SourceState>)>,
     registry_slots: Vec<RegistrySlot>,
     bundle: Option<Bundle>,
     build_problem: Option<String>,
     /// The other keys, as the last pass made them.
     others: Others,
-    /// Why the cloud CA could not be built, as last logged.
-    cloud_problem: Option<String>,
+    /// Why a bundle key could not be built, as last logged, by key.
+    key_problems: BTreeMap<&'static str, String>,
     /// The refusals and warnings about the other keys already logged (and counted), so that
     /// each is said once while it lasts.
     said: BTreeSet<String>,
@@ -393,6 +437,7 @@ async fn watch_and_publish(
         to = %label,
         sources = %source_list(&args.sources),
         cloud_ca_sources = %source_list(&args.cloud_ca_sources),
+        kubeconfig_ca_sources = %source_list(&args.kubeconfig_ca_sources),
         registry_sources = %source_list(&args.registry_sources),
         "publishing"
     );
@@ -474,7 +519,10 @@ async fn watch_and_publish(
         annotations: source_annotations(&args),
         policy: policy(&args),
         slots: args.sources.iter().map(SourceState::new).collect(),
-        cloud_slots: args.cloud_ca_sources.iter().map(SourceState::new).collect(),
+        key_slots: bundle_keys(&args)
+            .iter()
+            .map(|(kind, specs)| (*kind, specs.iter().map(SourceState::new).collect()))
+            .collect(),
         registry_slots: args
             .registry_sources
             .iter()
@@ -486,7 +534,7 @@ async fn watch_and_publish(
         bundle: None,
         build_problem: None,
         others: Others::default(),
-        cloud_problem: None,
+        key_problems: BTreeMap::new(),
         said: BTreeSet::new(),
         desired: None,
         seen: Seen::Unknown,
@@ -565,12 +613,18 @@ impl Publisher {
                 })
                 .inc();
         }
-        let (bundles, clouds) = (self.slots.len(), self.cloud_slots.len());
-        if update.index < bundles + clouds {
+        let keyed: usize = self.key_slots.iter().map(|(_, s)| s.len()).sum();
+        let bundles = self.slots.len();
+        if update.index < bundles + keyed {
             let event = update.event.filter_map(Content::certificates);
             let slot = match update.index.checked_sub(bundles) {
                 None => &mut self.slots[update.index],
-                Some(cloud) => &mut self.cloud_slots[cloud],
+                Some(local) => self
+                    .key_slots
+                    .iter_mut()
+                    .flat_map(|(_, s)| s.iter_mut())
+                    .nth(local)
+                    .expect("a bundle key's source"),
             };
             if let Some(event) = event
                 && slot.observe(event, &self.metrics)
@@ -579,7 +633,7 @@ impl Publisher {
             }
             return;
         }
-        let slot = &mut self.registry_slots[update.index - bundles - clouds];
+        let slot = &mut self.registry_slots[update.index - bundles - keyed];
         match update.event {
             Event::Content(Content::Entries(entries)) => {
                 slot.source.came_up(entries.entries.len());
@@ -795,18 +849,23 @@ impl Publisher {
     /// logged and counted once each while they last.
     fn build_others(&mut self) {
         let now = OffsetDateTime::now_utc().unix_timestamp();
-        let cloud: Vec<SourceCertificates> = self
-            .cloud_slots
+        let kinds: Vec<(BundleKey, usize)> = self
+            .key_slots
             .iter()
-            .filter_map(|s| s.content.clone())
+            .map(|(kind, slots)| (*kind, slots.len()))
             .collect();
-        let cloud = if self.cloud_slots.is_empty() {
-            Read::Off
-        } else if cloud.len() == self.cloud_slots.len() {
-            Read::Read(&cloud[..])
-        } else {
-            Read::Unread
-        };
+        let keyed: Vec<Vec<SourceCertificates>> = self
+            .key_slots
+            .iter()
+            .map(|(_, slots)| slots.iter().filter_map(|s| s.content.clone()).collect())
+            .collect();
+        let complete: Vec<bool> = self
+            .key_slots
+            .iter()
+            .zip(&keyed)
+            .map(|((_, slots), read)| read.len() == slots.len())
+            .collect();
+        let reads = bundle_reads(&kinds, &keyed, &complete);
         let entries: Vec<Entries> = self
             .registry_slots
             .iter()
@@ -828,27 +887,27 @@ impl Publisher {
             values: &seen.others,
             owned: &seen.owned,
         };
-        let others = keys::others(cloud, registries, self.policy, now, current);
+        let others = keys::others(&reads, registries, self.policy, now, current);
         self.tell(&others);
         self.others = others;
     }
 
     fn tell(&mut self, others: &Others) {
-        match &others.cloud_problem {
-            Some((reason, problem)) if self.cloud_problem.as_ref() != Some(problem) => {
-                tracing::error!(reason, "{problem}; {CLOUD_CA_KEY} keeps what it holds");
+        for (key, (reason, problem)) in &others.problems {
+            if self.key_problems.get(key) != Some(problem) {
+                tracing::error!(reason, "{problem}; {key} keeps what it holds");
                 self.metrics
                     .sync_errors
                     .get_or_create(&FileReasonLabels {
-                        filepath: self.key_label(CLOUD_CA_KEY),
+                        filepath: self.key_label(key),
                         reason: reason.to_string(),
                     })
                     .inc();
-                self.cloud_problem = Some(problem.clone());
+                self.key_problems.insert(key, problem.clone());
             }
-            Some(_) => {}
-            None => self.cloud_problem = None,
         }
+        self.key_problems
+            .retain(|key, _| others.problems.contains_key(key));
         let mut said = BTreeSet::new();
         for told in &others.refused {
             if !self.said.contains(&told.text) {
@@ -979,7 +1038,7 @@ impl Publisher {
         let next = self
             .slots
             .iter()
-            .chain(&self.cloud_slots)
+            .chain(self.key_slots.iter().flat_map(|(_, s)| s))
             .filter_map(|s| s.content.as_ref())
             .flat_map(|c| c.certificates.iter())
             .chain(self.others.certificates.values().flatten())
@@ -1067,7 +1126,7 @@ impl Publisher {
         let sources = self
             .slots
             .iter()
-            .chain(&self.cloud_slots)
+            .chain(self.key_slots.iter().flat_map(|(_, s)| s))
             .chain(self.registry_slots.iter().map(|r| &r.source))
             .map(SourceState::status)
             .collect();
@@ -1100,7 +1159,9 @@ impl Publisher {
 
     /// Whether `key` is one of the other keys this publisher keeps.
     fn keeps(&self, key: &str) -> bool {
-        (key == CLOUD_CA_KEY && !self.cloud_slots.is_empty())
+        self.key_slots
+            .iter()
+            .any(|(kind, slots)| kind.key == key && !slots.is_empty())
             || (key.starts_with(REGISTRY_KEY_PREFIX) && !self.registry_slots.is_empty())
     }
 
@@ -1114,8 +1175,10 @@ impl Publisher {
         };
         let mut keys: BTreeSet<String> = self.others.values.keys().cloned().collect();
         keys.extend(self.others.held.keys().cloned());
-        if !self.cloud_slots.is_empty() {
-            keys.insert(CLOUD_CA_KEY.to_string());
+        for (kind, slots) in &self.key_slots {
+            if !slots.is_empty() {
+                keys.insert(kind.key.to_string());
+            }
         }
         if let Some(observed) = &observed {
             keys.extend(observed.owned.iter().filter(|k| self.keeps(k)).cloned());
@@ -1238,9 +1301,11 @@ impl Publisher {
     /// reason not to be ready (the sources' input is not the publisher's to fix).
     fn notes(&self) -> Vec<(String, Option<String>)> {
         let mut notes = Vec::new();
-        if !self.cloud_slots.is_empty() {
-            let held = self.others.held.get(CLOUD_CA_KEY).cloned();
-            notes.push((format!("held:{CLOUD_CA_KEY}"), held));
+        for (kind, slots) in &self.key_slots {
+            if !slots.is_empty() {
+                let held = self.others.held.get(kind.key).cloned();
+                notes.push((format!("held:{}", kind.key), held));
+            }
         }
         if !self.registry_slots.is_empty() {
             let mut problems: Vec<String> =
