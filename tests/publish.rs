@@ -1083,12 +1083,15 @@ fn the_kubeconfigs_ca_is_derived_into_its_key_and_a_node_keeps_its_kubeconfig_fr
     drop(node_agent);
 
     // --once derives it too.
-    let out = publish_command()
-        .args(["--to", TO, "--once", "--kubeconfig"])
-        .arg(api.kubeconfig())
-        .args(["--kubeconfig-ca-source", &source])
-        .output()
-        .unwrap();
+    let once = || {
+        publish_command()
+            .args(["--to", TO, "--once", "--kubeconfig"])
+            .arg(api.kubeconfig())
+            .args(["--kubeconfig-ca-source", &source])
+            .output()
+            .unwrap()
+    };
+    let out = once();
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -1096,12 +1099,7 @@ fn the_kubeconfigs_ca_is_derived_into_its_key_and_a_node_keeps_its_kubeconfig_fr
         stderr(&out)
     );
     api.put_configmap(DATA_NS, DATA, &[("ca-bundle.crt", &ca2.pem())], &[]);
-    let out = publish_command()
-        .args(["--to", TO, "--once", "--kubeconfig"])
-        .arg(api.kubeconfig())
-        .args(["--kubeconfig-ca-source", &source])
-        .output()
-        .unwrap();
+    let out = once();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(key(&api), Some(ca2.pem()));
     // Its key where the bundle goes: a usage error.

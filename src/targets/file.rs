@@ -31,11 +31,38 @@ use crate::writer::{OnDisk, WriteError};
 /// A bundle and its retention memory, as last handed to the records.
 type RecordedState = (Fingerprint, Vec<(Fingerprint, Option<i64>)>);
 
-/// What the loop knows about one source.
+/// What the loop knows about one source of a file (the bundle, a `--manage` file, a
+/// kubeconfig's CA data).
 pub(crate) struct Slot {
     pub(crate) source: SourceState,
     /// For a local source: reads it, and parses only bytes it has not parsed already.
     loader: local::Loader,
+}
+
+impl Slot {
+    pub(crate) fn new(spec: &SourceSpec) -> Slot {
+        Slot {
+            source: SourceState::new(spec),
+            loader: local::Loader::default(),
+        }
+    }
+
+    /// Reads this `file:` or `dir:` source (the `index`th of its target) now; a read that
+    /// failed is retried with backoff, on `schedule`.
+    pub(crate) fn read(
+        &mut self,
+        schedule: &mut Schedule,
+        index: usize,
+        at: Instant,
+    ) -> SourceEvent {
+        let result = self.loader.load(&self.source.spec);
+        let retry = matches!(&result, Err(error) if local::retryable(error));
+        schedule.was_read(index, at, retry);
+        match result {
+            Ok(content) => SourceEvent::Content(content),
+            Err(error) => SourceEvent::Failed(error),
+        }
+    }
 }
 
 /// The bundle built from the sources, ready to compare with the file.
@@ -125,13 +152,7 @@ impl Managed {
         Managed {
             target,
             schedule: Schedule::new(first, sources),
-            slots: sources
-                .iter()
-                .map(|spec| Slot {
-                    source: SourceState::new(spec),
-                    loader: local::Loader::default(),
-                })
-                .collect(),
+            slots: sources.iter().map(Slot::new).collect(),
             policy,
             hooks,
             memory: Vec::new(),
@@ -158,14 +179,7 @@ impl Managed {
     /// Reads a `file:` or `dir:` source (by its position among this file's sources) now; a
     /// read that failed is retried with backoff.
     pub(crate) fn read_local(&mut self, index: usize, at: Instant) {
-        let slot = &mut self.slots[index];
-        let result = slot.loader.load(&slot.source.spec);
-        let retry = matches!(&result, Err(error) if local::retryable(error));
-        self.schedule.was_read(index, at, retry);
-        let event = match result {
-            Ok(content) => SourceEvent::Content(content),
-            Err(error) => SourceEvent::Failed(error),
-        };
+        let event = self.slots[index].read(&mut self.schedule, index, at);
         self.observe(index, event, at);
     }
 

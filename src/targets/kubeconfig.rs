@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
+use super::file::Slot;
 use super::kept::{Kept, Report, Wake};
 use super::policy::{BOUNDARY_RECHECK_MAX, Backoff, WRITE_RETRY_WAIT};
 use super::schedule::Schedule;
@@ -25,19 +26,11 @@ use crate::kubeconfig::{Cluster, Document};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, known};
 use crate::registry::CreatedRecord;
 use crate::source::cluster::{Content, Event, SourceEvent};
-use crate::source::local;
-use crate::source::state::SourceState;
 use crate::state::Book;
 use crate::status::{Status, TargetKind, unix_now};
 use crate::targets::apply::{file_state_dir, readable_certificates};
 use crate::writer::history::History;
 use crate::writer::{BundleWriter, OnDisk, Outcome};
-
-/// What the loop knows about one source.
-struct Slot {
-    source: SourceState,
-    loader: local::Loader,
-}
 
 /// The check of the server in flight: what it is about, and where its verdict lands.
 struct Running {
@@ -112,13 +105,7 @@ impl Kubeconfig {
             path: path.to_path_buf(),
             filepath: filepath.clone(),
             schedule: Schedule::new(first, sources),
-            slots: sources
-                .iter()
-                .map(|spec| Slot {
-                    source: SourceState::new(spec),
-                    loader: local::Loader::default(),
-                })
-                .collect(),
+            slots: sources.iter().map(Slot::new).collect(),
             policy: common.policy(),
             metrics,
             book,
@@ -144,14 +131,7 @@ impl Kubeconfig {
 
     /// Reads a `file:` or `dir:` source now; a read that failed is retried with backoff.
     fn read_local(&mut self, index: usize, at: Instant) {
-        let slot = &mut self.slots[index];
-        let result = slot.loader.load(&slot.source.spec);
-        let retry = matches!(&result, Err(error) if local::retryable(error));
-        self.schedule.was_read(index, at, retry);
-        let event = match result {
-            Ok(content) => SourceEvent::Content(content),
-            Err(error) => SourceEvent::Failed(error),
-        };
+        let event = self.slots[index].read(&mut self.schedule, index, at);
         self.observe(index, event, at);
     }
 
