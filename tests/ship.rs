@@ -187,7 +187,7 @@ fn every_alert_and_dashboard_query_evaluates_against_a_scraped_agent() {
     agent.wait_sample(
         10 * SECOND,
         "kubelet_ca_source_errors_total",
-        &[("reason", "private_key")],
+        &[("source", &source), ("reason", "private_key")],
         |v| v >= 1.0,
     );
     fs::remove_file(signers.join("c.crt")).unwrap();
@@ -203,14 +203,24 @@ fn every_alert_and_dashboard_query_evaluates_against_a_scraped_agent() {
     agent.wait_sample(
         10 * SECOND,
         "kubelet_ca_sync_errors_total",
-        &[("reason", "no_valid_certificate")],
+        &[
+            ("filepath", &node.bundle().display().to_string()),
+            ("reason", "no_valid_certificate"),
+        ],
         |v| v >= 1.0,
     );
     put(&signers.join("a.crt"), old.pem());
     put(&signers.join("b.crt"), new.pem());
     fs::remove_file(signers.join("0-expired.crt")).unwrap();
     wait_until(10 * SECOND, || node.holds(&both));
-    agent.wait_metric(10 * SECOND, "kubelet_ca_bundle_in_sync{", 1.0);
+    agent.wait_metric(
+        10 * SECOND,
+        &format!(
+            "kubelet_ca_bundle_in_sync{{filepath=\"{}\"",
+            node.bundle().display()
+        ),
+        1.0,
+    );
     // Counters that appeared meanwhile need two scrapes for a rate.
     std::thread::sleep(4 * SECOND);
 
