@@ -120,7 +120,11 @@ fn a_410_after_a_reconnect_lists_again_at_once_without_a_backoff() {
     );
     // Nothing failed: the 410 is not counted as a source error.
     let log = agent.log();
-    assert!(log.contains("410 Gone"), "{log}");
+    assert_eq!(
+        log.matches("410 Gone").count(),
+        1,
+        "one 410, told once, as such: {log}"
+    );
     let expired = agent.sample(
         "kubelet_ca_source_errors_total",
         &[("source", SPEC), ("reason", "expired")],

@@ -466,6 +466,109 @@ fn a_replaced_token_file_is_followed_and_the_old_token_refused() {
     assert_no_secret(&agent, &[&first, &second]);
 }
 
+/// A node whose kubeconfig names a token file: the agent started on it, holding `first`.
+/// Returns the agent and the token file.
+fn started_on_a_token_file(api: &ApiServer, node: &Node, first: &Signer) -> (Agent, PathBuf) {
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &first.pem())], &[]);
+    let dir = node.root().join("serviceaccount");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let token = dir.join("token");
+    fs::write(&token, api.token()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let user = format!("    tokenFile: {}", token.display());
+    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
+    let agent = start(node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(first.pem()));
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
+    (agent, token)
+}
+
+/// The agent's requests for the ConfigMap made after `since`.
+fn configmap_requests_after(
+    api: &ApiServer,
+    since: std::time::Instant,
+) -> Vec<common::apiserver::Request> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r.at > since && r.path.contains("/configmaps"))
+        .collect()
+}
+
+#[test]
+fn new_credentials_resume_the_open_watch_at_once_from_where_it_was() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let (agent, token) = started_on_a_token_file(&api, &node, &a);
+    // The watch stays open on the old token (a stream already authenticated is not cut),
+    // so nothing but the agent itself moves it to the new one.
+    wait_until(5 * SECOND, || api.open_watches() == 1);
+    let second = api.rotate_token();
+    let written = std::time::Instant::now();
+    write_atomically(&token, second.as_bytes());
+    let resumed = wait_until(5 * SECOND, || {
+        configmap_requests_after(&api, written)
+            .iter()
+            .any(|r| r.watch && r.auth_error.is_none())
+    });
+    eprintln!("the watch was resumed on the new token {resumed:?} after it was written");
+    let after = configmap_requests_after(&api, written);
+    assert!(
+        after
+            .iter()
+            .all(|r| !r.is_list() && r.param("resourceVersion").is_some()),
+        "resumed from its resourceVersion, without a list: {after:#?}"
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    wait_until(5 * SECOND, || node.holds(b.pem()));
+    assert_no_secret(&agent, &[&second]);
+}
+
+#[test]
+fn new_credentials_end_a_grown_backoff_at_once() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let (agent, token) = started_on_a_token_file(&api, &node, &a);
+    // The token is revoked and the watch cut: every attempt is refused (401), and the
+    // backoff grows (0.4-0.8 s, then doubling) while the token file stays as it was.
+    let second = api.rotate_token();
+    let revoked = std::time::Instant::now();
+    api.close_watches();
+    wait_until(30 * SECOND, || {
+        configmap_requests_after(&api, revoked)
+            .iter()
+            .filter(|r| r.auth_error.is_some())
+            .count()
+            >= 5
+    });
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 0.0);
+    // The next attempt is now at least 3.2 s away; the new token must not wait for it.
+    let written = std::time::Instant::now();
+    write_atomically(&token, second.as_bytes());
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    let took = wait_until(5 * SECOND, || node.holds(b.pem()));
+    let accepted = configmap_requests_after(&api, written)
+        .into_iter()
+        .find(|r| r.auth_error.is_none())
+        .expect("a request on the new token");
+    let gap = accepted.at - written;
+    eprintln!("first request on the new token {gap:?} after it was written; the file {took:?}");
+    assert!(
+        gap < 2 * SECOND,
+        "the new token waited {gap:?}, as if for the backoff the old one had grown"
+    );
+    assert_no_secret(&agent, &[&second]);
+}
+
 #[test]
 fn credentials_written_in_place_slowly_never_crash_the_agent_nor_mix_a_pair() {
     let api = ApiServer::start();

@@ -975,12 +975,13 @@ async fn follow<K, T: Clone>(
             Action::Read { confirm_at } => match open.as_mut() {
                 // Nothing open to read (cannot happen): as if it had ended.
                 None => Happened::Ended,
-                // Credentials newer than the watch's (seen at the top of this turn, perhaps
-                // while an event was being handled).
+                // Credentials newer than the watch's: the watch is resumed with them. Told
+                // by `changed` below, or seen at the top of this turn when they came while an
+                // event was being handled.
                 Some((_, generation)) if *generation != creds.generation => {
                     Happened::NewCredentials
                 }
-                Some((events, generation)) => {
+                Some((events, _)) => {
                     let heard_now = tokio::select! {
                         next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => Heard::Next(next),
                         () = sleep_until_some(*confirm_at) => Heard::Quiet,
@@ -988,14 +989,11 @@ async fn follow<K, T: Clone>(
                     };
                     match heard_now {
                         Heard::Quiet => Happened::StayedOpen,
-                        Heard::Credentials => {
-                            // Resume with them if they are usable and new.
-                            let now = credentials.current();
-                            if now.client.is_none() || now.generation == *generation {
-                                continue;
-                            }
-                            Happened::NewCredentials
-                        }
+                        // The top of the loop decides: a new client (a new generation)
+                        // resumes the watch; a problem with the credentials on disk leaves
+                        // the client, and the watch, as they are (SPEC 6: the last good
+                        // credentials are kept).
+                        Heard::Credentials => continue,
                         Heard::Next(next) => {
                             let arrived = Instant::now();
                             heard = tokio::time::Instant::now();
@@ -1011,14 +1009,14 @@ async fn follow<K, T: Clone>(
                 }
             },
             Action::Wait { until } => {
-                // New credentials end the wait: they are likely what the failure was
-                // waiting for.
+                // A new client ends the wait: new credentials are likely what the failure
+                // was waiting for. (There is a client here, and there is one from then on:
+                // a problem with the credentials on disk keeps the last good one.)
                 let generation = creds.generation;
                 let newer = async {
                     loop {
                         credentials.changed().await;
-                        let now = credentials.current();
-                        if now.client.is_some() && now.generation != generation {
+                        if credentials.current().generation != generation {
                             return;
                         }
                     }
