@@ -478,7 +478,7 @@ fn started_on_a_token_file(api: &ApiServer, node: &Node, first: &Signer) -> (Age
     fs::write(&token, api.token()).unwrap();
     let kubeconfig = dir.join("kubeconfig");
     let user = format!("    tokenFile: {}", token.display());
-    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
+    write_atomically(&kubeconfig, kubeconfig_yaml(api, &ca, &user).as_bytes());
     let agent = start(node, &kubeconfig);
     wait_until(10 * SECOND, || node.holds(first.pem()));
     agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
