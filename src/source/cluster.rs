@@ -1190,6 +1190,34 @@ mod tests {
     }
 
     #[test]
+    fn content_gives_what_it_holds_and_nothing_for_the_other_kind() {
+        let pem = ca_pem("signer");
+        let certificates = crate::bundle::parse_source(&pem).unwrap();
+        let held = Content::Certificates(certificates.clone());
+        let given = held.clone().certificates().expect("the certificates");
+        assert_eq!(given.certificates.len(), 1);
+        assert_eq!(
+            given.certificates[0].fingerprint(),
+            certificates.certificates[0].fingerprint()
+        );
+        assert!(held.entries().is_none());
+
+        let entries = Arc::new(registry::Entries {
+            entries: Vec::new(),
+            refused: vec![registry::Refused {
+                place: registry::Place {
+                    source: "dir:/etc/registries".into(),
+                    part: "x".into(),
+                },
+                error: registry::EntryError::NoFile,
+            }],
+        });
+        let held = Content::Entries(entries.clone());
+        assert_eq!(held.clone().entries().as_deref(), Some(&*entries));
+        assert!(held.certificates().is_none());
+    }
+
+    #[test]
     fn specs_of_one_object_are_grouped_whatever_their_field_or_key() {
         let sources = [
             spec("controllerconfig:machine-config-controller"),
