@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
 # bundles and talk TLS, chattr for the permission faults, prometheus for promtool and a real
-# scrape over mTLS, strace for the durability syscalls, curl as a TLS client; setpriv and
+# scrape over mTLS, strace for the durability syscalls, curl as a TLS client, dbus-daemon for a system bus
+# on which a stand-in for systemd takes --kubeconfig-restart-unit's restarts; setpriv and
 # unshare come with util-linux), then format, lints and every test; then
 # scripts/check-docs.py checks the commands the docs show against the binary, and
 # scripts/check-ship.sh checks what ships (systemd unit, image, deploy/, alerts), installing
@@ -16,6 +17,7 @@ command -v chattr >/dev/null || need+=(e2fsprogs)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v strace >/dev/null || need+=(strace)
 command -v curl >/dev/null || need+=(curl)
+command -v dbus-daemon >/dev/null || need+=(dbus-daemon)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

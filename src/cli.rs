@@ -210,6 +210,20 @@ pub struct CommonArgs {
     /// restart kubelet). One run at a time; a failure is counted and run again with backoff.
     #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_KUBECONFIG_HOOK", value_parser = parse_command)]
     pub kubeconfig_hook: Option<ExecCommand>,
+    /// Instead of --kubeconfig-hook, restart this systemd unit (e.g. kubelet.service) after a
+    /// managed kubeconfig gained a CA: the agent asks systemd itself, over its D-Bus API on
+    /// the host's system bus ($DBUS_SYSTEM_BUS_ADDRESS, else
+    /// unix:path=/run/dbus/system_bus_socket), and waits for the restart's result, as
+    /// systemctl restart does. For a pod with no shell and no host PID namespace. Same rules
+    /// as the hook: one at a time, coalesced, counted and retried with backoff on failure.
+    #[arg(
+        long,
+        value_name = "UNIT",
+        env = "KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT",
+        value_parser = parse_unit,
+        conflicts_with = "kubeconfig_hook"
+    )]
+    pub kubeconfig_restart_unit: Option<String>,
     /// A set of registry CA files under DIR, one DIR/<host[:port]>/ca.crt for each entry of
     /// the sources (repeat the flag; in the environment, separate sets with ';'), e.g.
     /// /etc/docker/certs.d=controllerconfig:machine-config-controller/imageRegistryBundleData,controllerconfig:machine-config-controller/imageRegistryBundleUserData.
@@ -789,6 +803,26 @@ fn parse_file_mode(s: &str) -> Result<u32, String> {
         ));
     }
     Ok(mode)
+}
+
+/// A systemd unit's full name (`kubelet.service`): the characters systemd allows, and a
+/// unit type that can be restarted.
+fn parse_unit(s: &str) -> Result<String, String> {
+    const TYPES: [&str; 4] = ["service", "socket", "target", "mount"];
+    let allowed = |c: char| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c);
+    if s.is_empty() || s.len() > 255 || !s.chars().all(allowed) {
+        return Err(format!(
+            "{:?} is not a systemd unit name (letters, digits and :-_.\\@, up to 255)",
+            crate::text::escape(s)
+        ));
+    }
+    match s.rsplit_once('.') {
+        Some((name, kind)) if !name.is_empty() && TYPES.contains(&kind) => Ok(s.to_string()),
+        _ => Err(format!(
+            "{s:?} names no unit type: give the full name, e.g. kubelet.service (one of .{})",
+            TYPES.join(", .")
+        )),
+    }
 }
 
 fn parse_command(s: &str) -> Result<ExecCommand, String> {

@@ -38,8 +38,9 @@ pub struct Common {
     pub manage_registries: Vec<RegistriesSpec>,
     /// The kubeconfigs whose CA data is kept (`--manage-kubeconfig`).
     pub manage_kubeconfig: Vec<ManageSpec>,
-    /// Run after a managed kubeconfig gained a CA (`--kubeconfig-hook`).
-    pub kubeconfig_hook: Option<ExecCommand>,
+    /// Run after a managed kubeconfig gained a CA (`--kubeconfig-hook`, or
+    /// `--kubeconfig-restart-unit`).
+    pub kubeconfig_hook: Option<KubeconfigHook>,
 }
 
 impl Common {
@@ -166,6 +167,15 @@ fn write_path_sources(
 /// The `--exec-on-change` command: its program and arguments, split as a shell would.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecCommand(pub Vec<String>);
+
+/// What is done after a managed kubeconfig gained a CA, so that the kubelet reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeconfigHook {
+    /// `--kubeconfig-hook`: a command (its program and arguments).
+    Command(Vec<String>),
+    /// `--kubeconfig-restart-unit`: a systemd unit restarted over D-Bus.
+    RestartUnit(String),
+}
 
 /// `run`: the node daemon.
 #[derive(Debug, Clone)]

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use crate::config::KubeconfigHook;
+
 /// After SIGTERM, how long a hook's process group has before SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How often a running hook is checked for exit, timeout or shutdown.
@@ -160,6 +162,21 @@ fn run_with(
     }
 }
 
+/// Restarts `unit` through systemd's D-Bus API (`--kubeconfig-restart-unit`), logging how it
+/// ended. Returns whether it succeeded.
+fn restart_unit(unit: &str, timeout: Duration) -> bool {
+    match crate::unit_restart::restart(unit, timeout) {
+        Ok(()) => {
+            tracing::info!(unit, "kubeconfig-restart-unit: systemd restarted the unit");
+            true
+        }
+        Err(error) => {
+            tracing::warn!(unit, %error, "kubeconfig-restart-unit failed");
+            false
+        }
+    }
+}
+
 /// SIGTERM to the hook's process group, then SIGKILL after a grace period; reaps the child.
 fn kill_group(child: &mut Child) {
     let group = Pid::from_raw(child.id() as i32);
@@ -190,7 +207,8 @@ struct Queue {
 enum Kind {
     /// The bundle (`--exec-on-change`): a failure is counted, never retried.
     Bundle(PathBuf),
-    /// A managed kubeconfig (`--kubeconfig-hook`): a failure is counted and retried.
+    /// A managed kubeconfig (`--kubeconfig-hook`, `--kubeconfig-restart-unit`): a failure
+    /// is counted and retried.
     Kubeconfig(PathBuf),
 }
 
@@ -212,21 +230,27 @@ impl Hooks {
         timeout: Duration,
         failed: impl Fn() + Send + 'static,
     ) -> Hooks {
-        Hooks::spawn(command, Kind::Bundle(bundle), timeout, failed)
+        Hooks::spawn(
+            KubeconfigHook::Command(command),
+            Kind::Bundle(bundle),
+            timeout,
+            failed,
+        )
     }
 
-    /// Starts the runner of `--kubeconfig-hook` for the kubeconfig at `path`.
+    /// Starts the runner of `--kubeconfig-hook` (or `--kubeconfig-restart-unit`) for the
+    /// kubeconfig at `path`.
     pub fn start_for_kubeconfig(
-        command: Vec<String>,
+        hook: KubeconfigHook,
         path: PathBuf,
         timeout: Duration,
         failed: impl Fn() + Send + 'static,
     ) -> Hooks {
-        Hooks::spawn(command, Kind::Kubeconfig(path), timeout, failed)
+        Hooks::spawn(hook, Kind::Kubeconfig(path), timeout, failed)
     }
 
     fn spawn(
-        command: Vec<String>,
+        hook: KubeconfigHook,
         kind: Kind,
         timeout: Duration,
         failed: impl Fn() + Send + 'static,
@@ -267,7 +291,13 @@ impl Hooks {
                             "kubeconfig-hook",
                         ),
                     };
-                    if run_with(&command, &env, what, timeout, &stopping) {
+                    let succeeded = match &hook {
+                        KubeconfigHook::Command(command) => {
+                            run_with(command, &env, what, timeout, &stopping)
+                        }
+                        KubeconfigHook::RestartUnit(unit) => restart_unit(unit, timeout),
+                    };
+                    if succeeded {
                         retry = RETRY_FIRST;
                         continue;
                     }
@@ -411,7 +441,7 @@ mod tests {
         let failures = Arc::new(AtomicUsize::new(0));
         let counted = failures.clone();
         let hooks = Hooks::start_for_kubeconfig(
-            vec!["sh".into(), "-c".into(), script],
+            KubeconfigHook::Command(vec!["sh".into(), "-c".into(), script]),
             PathBuf::from("/var/lib/kubelet/kubeconfig"),
             Duration::from_secs(10),
             move || {

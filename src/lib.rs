@@ -28,6 +28,7 @@ pub mod status;
 pub mod systemd;
 pub mod targets;
 pub mod text;
+pub mod unit_restart;
 pub mod writer;
 
 use std::io::Write;

@@ -17,6 +17,7 @@ use base64::engine::general_purpose::STANDARD;
 use common::apiserver::ApiServer;
 use common::daemon::{Agent, check_line, eventually, samples, wait_until};
 use common::pki::{Algorithm, Signer};
+use common::systemd::FakeSystemd;
 use common::{Node, sha256_hex};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -89,6 +90,17 @@ impl Kubelet {
         let mut args = vec!["--manage-kubeconfig", &manage];
         args.extend_from_slice(extra);
         Agent::start(&self.node, &[&self.bundle_source], &args)
+    }
+
+    fn start_with(&self, extra: &[&str], adjust: impl FnOnce(&mut std::process::Command)) -> Agent {
+        let manage = format!(
+            "{}=file:{}",
+            self.kubeconfig.display(),
+            self.source.display()
+        );
+        let mut args = vec!["--manage-kubeconfig", &manage];
+        args.extend_from_slice(extra);
+        Agent::start_with(&self.node, &[&self.bundle_source], &args, adjust)
     }
 
     fn in_sync_line(&self, agent: &Agent) -> String {
@@ -526,4 +538,126 @@ fn sync_adds_at_once_and_removes_only_once_the_server_verifies() {
     let out = sync();
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert_eq!(ca_data(&kubelet.kubeconfig), next);
+}
+
+#[test]
+fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed_job_is_retried() {
+    let api = ApiServer::start();
+    let old = api.ca_pem();
+    let kubelet = Kubelet::new(&api.url(), &old);
+    let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), SECOND / 5);
+    let address = systemd.address.clone();
+    let agent = kubelet.start_with(&["--kubeconfig-restart-unit", "kubelet.service"], |cmd| {
+        cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &address);
+    });
+    wait_until(10 * SECOND, || {
+        kubelet.in_sync_line(&agent).starts_with("[+]")
+    });
+    assert!(systemd.calls().is_empty(), "no CA added, no restart");
+
+    // The next serving CA is added: one restart of the kubelet, as systemctl restart asks it.
+    let next = api.next_serving_ca();
+    write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
+    wait_until(5 * SECOND, || !systemd.calls().is_empty());
+    assert_eq!(
+        systemd.calls(),
+        [("kubelet.service".to_string(), "replace".to_string())]
+    );
+    wait_until(5 * SECOND, || {
+        agent.log().contains("systemd restarted the unit")
+    });
+    let failures = || {
+        agent
+            .sample("kubelet_ca_kubeconfig_hook_failures_total", &[])
+            .unwrap_or(0.0)
+    };
+    assert_eq!(failures(), 0.0);
+
+    // A job that ends "failed" (the kubelet did not start) is a failure: counted, logged
+    // with the result, and the restart asked again after a backoff (1 s, then 2 s), never
+    // in a loop; once a job is done, no more.
+    systemd.set_result("failed");
+    let third = Signer::new("third-ca", Algorithm::P256).pem();
+    write_atomically(&kubelet.source, format!("{old}{next}{third}").as_bytes());
+    wait_until(10 * SECOND, || failures() >= 2.0);
+    assert!(
+        agent
+            .log()
+            .contains(r#"systemd's restart of kubelet.service ended with "failed""#),
+        "{}",
+        agent.log()
+    );
+    systemd.set_result("done");
+    let calls = wait_until(10 * SECOND, || {
+        agent.log().matches("systemd restarted the unit").count() == 2
+    });
+    eprintln!("the restart went through {calls:?} after its jobs stopped failing");
+    let made = systemd.calls().len();
+    assert!(
+        (3..=4).contains(&made),
+        "{made} restarts: {:?}",
+        systemd.calls()
+    );
+    std::thread::sleep(3 * SECOND);
+    assert_eq!(systemd.calls().len(), made, "no restart once one is done");
+    assert_eq!(
+        agent.sample("kubelet_ca_kubeconfig_hook_failures_total", &[]),
+        Some((made - 2) as f64)
+    );
+}
+
+#[test]
+fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the_hook() {
+    let api = ApiServer::start();
+    let old = api.ca_pem();
+    let kubelet = Kubelet::new(&api.url(), &old);
+    let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), SECOND / 10);
+    let address = systemd.address.clone();
+    let agent = kubelet.start_with(&["--kubeconfig-restart-unit", "missing.service"], |cmd| {
+        cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &address);
+    });
+    wait_until(10 * SECOND, || {
+        kubelet.in_sync_line(&agent).starts_with("[+]")
+    });
+    let next = api.next_serving_ca();
+    write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
+    wait_until(5 * SECOND, || {
+        agent.log().contains("Unit missing.service not found.")
+    });
+    let log = agent.log();
+    assert!(
+        log.contains("systemd refused to restart missing.service"),
+        "{log}"
+    );
+    drop(agent);
+
+    for (flags, says) in [
+        (
+            vec![
+                "--kubeconfig-restart-unit",
+                "kubelet.service",
+                "--kubeconfig-hook",
+                "true",
+            ],
+            "cannot be used with",
+        ),
+        (
+            vec!["--kubeconfig-restart-unit", "kubelet"],
+            "give the full name",
+        ),
+        (
+            vec!["--kubeconfig-restart-unit", "kube let.service"],
+            "not a systemd unit name",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubelet-ca-agent"))
+            .arg("sync")
+            .args(&flags)
+            .env_clear()
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
 }

@@ -8,6 +8,7 @@ use super::{
     CommonArgs, LogFormat, PublishArgs, RunArgs, ServerArgs, SyncArgs, TlsVersion, host_name,
 };
 use crate::config;
+use crate::config::KubeconfigHook;
 use crate::error::UsageError;
 use crate::source::SourceSpec;
 
@@ -64,14 +65,18 @@ impl CommonArgs {
             manage: args.manage.clone(),
             manage_registries: args.manage_registries.clone(),
             manage_kubeconfig: args.manage_kubeconfig.clone(),
-            kubeconfig_hook: args.kubeconfig_hook.clone(),
+            kubeconfig_hook: match (&args.kubeconfig_hook, &args.kubeconfig_restart_unit) {
+                (Some(command), _) => Some(KubeconfigHook::Command(command.0.clone())),
+                (None, Some(unit)) => Some(KubeconfigHook::RestartUnit(unit.clone())),
+                (None, None) => None,
+            },
         };
         check_managed_paths(&common).map_err(UsageError)?;
         if let Some(command) = &common.exec_on_change {
             crate::exec::check(&command.0).map_err(UsageError)?;
         }
-        if let Some(command) = &common.kubeconfig_hook {
-            crate::exec::check(&command.0)
+        if let Some(KubeconfigHook::Command(command)) = &common.kubeconfig_hook {
+            crate::exec::check(command)
                 .map_err(|e| UsageError(format!("--kubeconfig-hook: {e}")))?;
         }
         Ok(common)

@@ -91,10 +91,10 @@ pub(crate) fn all(
         )));
     }
     for kubeconfig in &common.manage_kubeconfig {
-        let hooks = common.kubeconfig_hook.clone().map(|command| {
+        let hooks = common.kubeconfig_hook.clone().map(|hook| {
             let failures = metrics.clone();
             Hooks::start_for_kubeconfig(
-                command.0,
+                hook,
                 kubeconfig.path.clone(),
                 common.exec_on_change_timeout,
                 move || {

@@ -7,6 +7,7 @@ pub mod apiserver;
 pub mod daemon;
 pub mod pki;
 pub mod prometheus;
+pub mod systemd;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

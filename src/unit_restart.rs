@@ -1,0 +1,169 @@
+//! Restarting a systemd unit through systemd's D-Bus API on the host's system bus, for
+//! `--kubeconfig-restart-unit` (SPEC 4c): the kubelet reads its kubeconfig's CA data only
+//! when it starts, and the DaemonSet's image has no shell and no `systemctl`, and its pod
+//! no host PID namespace. What `systemctl restart UNIT` does, the agent does itself:
+//! `org.freedesktop.systemd1.Manager.RestartUnit(UNIT, "replace")`, then it waits for the
+//! job's `JobRemoved` signal (which systemd sends to the client that queued the job) and
+//! takes its result. Only "done" is a success.
+//!
+//! The bus is `DBUS_SYSTEM_BUS_ADDRESS` when set, else the host's
+//! `unix:path=/run/dbus/system_bus_socket` (a pod mounts the host's `/run/dbus`).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use zbus::OwnedObjectPath;
+
+/// The system bus when `DBUS_SYSTEM_BUS_ADDRESS` does not say otherwise. `/run`, not
+/// zbus's `/var/run`: an image `FROM scratch` has no `/var/run` link.
+pub const SYSTEM_BUS: &str = "unix:path=/run/dbus/system_bus_socket";
+
+const SYSTEMD: &str = "org.freedesktop.systemd1";
+const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+
+/// The bus address to use: `DBUS_SYSTEM_BUS_ADDRESS` when set and not empty, else
+/// [`SYSTEM_BUS`].
+pub fn system_bus(from_env: Option<&str>) -> &str {
+    match from_env {
+        Some(address) if !address.trim().is_empty() => address,
+        _ => SYSTEM_BUS,
+    }
+}
+
+/// Restarts `unit` and waits, up to `timeout`, for systemd to say how the restart ended.
+/// Runs its own small runtime: it is called from the hook's thread. The error says what
+/// failed (the bus, systemd's refusal, the job's result), never more.
+pub fn restart(unit: &str, timeout: Duration) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime for D-Bus: {e}"))?;
+    let address = std::env::var("DBUS_SYSTEM_BUS_ADDRESS").ok();
+    let address = system_bus(address.as_deref()).to_string();
+    runtime.block_on(async {
+        match tokio::time::timeout(timeout, restart_on(&address, unit)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!(
+                "systemd did not finish restarting {unit} within {}",
+                humantime::format_duration(timeout)
+            )),
+        }
+    })
+}
+
+/// [`restart`] on the bus at `address`.
+async fn restart_on(address: &str, unit: &str) -> Result<(), String> {
+    let parsed: zbus::Address = address
+        .parse()
+        .map_err(|e| format!("the system bus address {address:?} is not valid: {e}"))?;
+    let bus = zbus::connection::Builder::address(parsed)
+        .build()
+        .await
+        .map_err(|e| format!("cannot connect to the system bus at {address}: {e}"))?;
+    let manager = zbus::Proxy::new(&bus, SYSTEMD, MANAGER_PATH, MANAGER)
+        .await
+        .map_err(|e| format!("cannot reach systemd on the system bus: {e}"))?;
+    // Listening before asking: the job may end before the call's answer is read.
+    let mut removed = manager
+        .receive_signal("JobRemoved")
+        .await
+        .map_err(|e| format!("cannot listen for systemd's jobs on the system bus: {e}"))?;
+    let job: OwnedObjectPath = manager
+        .call("RestartUnit", &(unit, "replace"))
+        .await
+        .map_err(|e| format!("systemd refused to restart {unit}: {}", refusal(&e)))?;
+    while let Some(signal) = removed.next().await {
+        let Ok((_id, path, _unit, result)) = signal
+            .body()
+            .deserialize::<(u32, OwnedObjectPath, String, String)>()
+        else {
+            continue;
+        };
+        if path == job {
+            return outcome(unit, &result);
+        }
+    }
+    Err(format!(
+        "the system bus closed before the restart of {unit} ended"
+    ))
+}
+
+/// What a job's result means: "done" is the only success (systemd's own list: done,
+/// canceled, timeout, failed, dependency, skipped).
+fn outcome(unit: &str, result: &str) -> Result<(), String> {
+    match result {
+        "done" => Ok(()),
+        other => Err(format!(
+            "systemd's restart of {unit} ended with {:?} (systemctl status {unit} says why)",
+            crate::text::escape(other)
+        )),
+    }
+}
+
+/// A D-Bus error as one line: its name and message (systemd's own words: "Unit kubelet.service
+/// not found.", "Access denied").
+fn refusal(error: &zbus::Error) -> String {
+    match error {
+        zbus::Error::MethodError(name, message, _) => match message {
+            Some(message) => format!("{name}: {}", crate::text::escape(message)),
+            None => name.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bus_is_the_environments_when_set_else_the_hosts() {
+        assert_eq!(system_bus(None), SYSTEM_BUS);
+        assert_eq!(system_bus(Some("")), SYSTEM_BUS);
+        assert_eq!(system_bus(Some("  ")), SYSTEM_BUS);
+        assert_eq!(
+            system_bus(Some("unix:path=/host/run/dbus/system_bus_socket")),
+            "unix:path=/host/run/dbus/system_bus_socket"
+        );
+    }
+
+    #[test]
+    fn only_a_done_job_is_a_success_and_any_other_result_is_named() {
+        assert_eq!(outcome("kubelet.service", "done"), Ok(()));
+        for result in [
+            "failed",
+            "canceled",
+            "timeout",
+            "dependency",
+            "skipped",
+            "Done",
+        ] {
+            let error = outcome("kubelet.service", result).unwrap_err();
+            assert!(error.contains("kubelet.service"), "{error}");
+            assert!(error.contains(&format!("{result:?}")), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_bus_that_is_not_there_is_named() {
+        let dir = std::env::temp_dir().join(format!("unit-test-{}", std::process::id()));
+        let address = format!("unix:path={}/no-bus", dir.display());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let error = runtime
+            .block_on(restart_on(&address, "kubelet.service"))
+            .unwrap_err();
+        assert!(
+            error.contains("cannot connect to the system bus at"),
+            "{error}"
+        );
+        assert!(error.contains("no-bus"), "{error}");
+        let error = runtime
+            .block_on(restart_on("not-an-address", "kubelet.service"))
+            .unwrap_err();
+        assert!(error.contains("is not valid"), "{error}");
+    }
+}
