@@ -124,10 +124,11 @@ class Container:
         return [s for s in (self.value("KUBELET_CA_AGENT_SOURCE") or default).split(",") if s]
 
     def other_sources(self):
-        """The sources of the --manage files and --manage-registries sets: `;` between
-        files or sets, each PATH=SPEC[,SPEC...]."""
+        """The sources of the --manage files, --manage-registries sets and
+        --manage-kubeconfig kubeconfigs: `;` between them, each PATH=SPEC[,SPEC...]."""
         specs = []
-        for var in ("KUBELET_CA_AGENT_MANAGE", "KUBELET_CA_AGENT_MANAGE_REGISTRIES"):
+        for var in ("KUBELET_CA_AGENT_MANAGE", "KUBELET_CA_AGENT_MANAGE_REGISTRIES",
+                    "KUBELET_CA_AGENT_MANAGE_KUBECONFIG"):
             for item in (self.value(var) or "").split(";"):
                 _, _, rest = item.partition("=")
                 specs += [s.strip() for s in rest.split(",") if s.strip()]
@@ -263,6 +264,25 @@ def check_daemonset(ds, bad):
     bundle_dir = bundle.rsplit("/", 1)[0]
     if bundle_dir not in mounted:
         bad(f"the bundle's directory {bundle_dir} is not a mounted host directory")
+    # Each managed kubeconfig's directory, mounted as itself (it is replaced by rename).
+    kubeconfigs = [item.partition("=")[0].strip()
+                   for item in (ct.value("KUBELET_CA_AGENT_MANAGE_KUBECONFIG") or "").split(";") if item.strip()]
+    for path in kubeconfigs:
+        directory = path.rsplit("/", 1)[0]
+        if mounted.get(directory) != directory and not any(
+                directory.startswith(m + "/") and mounted[m] == m for m in mounted):
+            bad(f"the managed kubeconfig {path}: its directory {directory} must be a host directory mounted as itself")
+    # The kubelet learns new CA data only when it restarts: a DaemonSet that manages a
+    # kubeconfig restarts it through systemd's D-Bus API, on the host's system bus.
+    if kubeconfigs:
+        unit = ct.value("KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT")
+        if not unit:
+            bad("a DaemonSet that manages kubeconfigs must set KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT (it has no shell for a hook)")
+        if ct.value("KUBELET_CA_AGENT_KUBECONFIG_HOOK"):
+            bad("the image has no shell or systemctl: use KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT, not a hook")
+        bus = (ct.value("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket").removeprefix("unix:path=")
+        if mounted.get(bus.rsplit("/", 1)[0]) != "/run/dbus":
+            bad(f"the restart needs the host's /run/dbus mounted where {bus} is")
     check_container_basics(what, ct, bad)
     if not set(c.get("securityContext", {}).get("capabilities", {}).get("add", [])) <= {"CHOWN"}:
         bad(f"capabilities beyond CHOWN: {c['securityContext']['capabilities'].get('add')}")
@@ -434,7 +454,8 @@ def check(path):
         check_scrape("the publisher", pub, named("ServiceMonitor", PUBLISHER), named("Service", PUBLISHER), bad,
                      verify_server=True)
         pub_sources = pub.sources(DEFAULT_PUBLISHER_SOURCE) + [
-            s for var in ("KUBELET_CA_AGENT_CLOUD_CA_SOURCE", "KUBELET_CA_AGENT_REGISTRY_SOURCE")
+            s for var in ("KUBELET_CA_AGENT_CLOUD_CA_SOURCE", "KUBELET_CA_AGENT_REGISTRY_SOURCE",
+                          "KUBELET_CA_AGENT_KUBECONFIG_CA_SOURCE")
             for s in (pub.value(var) or "").split(",") if s]
         needed = {g: READ for g in map(source_grants, pub_sources) if g}
         to = pub.value("KUBELET_CA_AGENT_TO") or ""
@@ -447,8 +468,8 @@ def check(path):
             # Their other files come from the same ConfigMap, from the keys the publisher keeps.
             for spec in agent.other_sources():
                 _, _, key = configmap_key(spec) if spec.startswith("configmap:") else (None, None, None)
-                if not spec.startswith(f"configmap:{tns}/{tname}/") or key not in ("cloud-ca.pem", "registry.*"):
-                    bad(f"the node agents' other CA files must come from the publisher's ConfigMap {to} (keys cloud-ca.pem, registry.*), not {spec}")
+                if not spec.startswith(f"configmap:{tns}/{tname}/") or key not in ("cloud-ca.pem", "registry.*", "kubeconfig-ca.crt"):
+                    bad(f"the node agents' other CA files must come from the publisher's ConfigMap {to} (keys cloud-ca.pem, registry.*, kubeconfig-ca.crt), not {spec}")
         specials = set()
         if pub.token_webhook:
             specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))

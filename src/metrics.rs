@@ -452,7 +452,7 @@ pub fn registry(
     );
     registry.register(
         "kubelet_ca_kubeconfig_hook_failures",
-        "Failed runs of the --kubeconfig-hook command (each is run again with backoff)",
+        "Failed runs of the --kubeconfig-hook command, or restarts of the --kubeconfig-restart-unit unit that systemd refused or that did not end done (each is run again with backoff)",
         m.kubeconfig_hook_failures.clone(),
     );
     registry.register(
