@@ -121,13 +121,25 @@ fn main() {
     };
     let pool = KeyPool::new(if full { 32 } else { 4 });
     let mut table = Table::new("daemon: kubelet-ca-agent run", !full);
-    cluster_rotations(&run, &pool, &mut table);
-    credentials_idle(&run, &pool, &mut table);
-    registries_fifty(&run, &pool, &mut table);
-    kubeconfig_beside(&run, &pool, &mut table);
-    cluster_large(&run, &pool, &mut table);
-    local_large(&run, &pool, &mut table);
-    ready_on_adoption(&run, &pool, &mut table);
+    // BENCH_ONLY=NAME[,NAME...] runs only those parts (the function names below).
+    let only = std::env::var("BENCH_ONLY").ok();
+    let parts: [(&str, fn(&Run, &KeyPool, &mut Table)); 7] = [
+        ("cluster_rotations", cluster_rotations),
+        ("credentials_idle", credentials_idle),
+        ("registries_fifty", registries_fifty),
+        ("kubeconfig_beside", kubeconfig_beside),
+        ("cluster_large", cluster_large),
+        ("local_large", local_large),
+        ("ready_on_adoption", ready_on_adoption),
+    ];
+    for (name, part) in parts {
+        if only
+            .as_deref()
+            .is_none_or(|only| only.split(',').any(|o| o == name))
+        {
+            part(&run, &pool, &mut table);
+        }
+    }
     table.print();
 }
 

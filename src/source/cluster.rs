@@ -1190,6 +1190,20 @@ mod tests {
     }
 
     #[test]
+    fn a_configmap_value_that_is_base64_of_something_else_is_left_as_it_is() {
+        // "bm90IGEgY2VydA==" is base64 of "not a cert": not PEM once decoded, so the value
+        // goes to the parser as it came, and its error is about what the ConfigMap holds.
+        let value = b"bm90IGEgY2VydA==";
+        let got = configmap_pem("configmap:ns/name", None, value).unwrap();
+        assert_eq!(&*got, value);
+        // Base64 of PEM is decoded.
+        let pem = ca_pem("signer");
+        let encoded = b64(&pem);
+        let got = configmap_pem("configmap:ns/name", None, encoded.as_bytes()).unwrap();
+        assert_eq!(&*got, &pem[..]);
+    }
+
+    #[test]
     fn content_gives_what_it_holds_and_nothing_for_the_other_kind() {
         let pem = ca_pem("signer");
         let certificates = crate::bundle::parse_source(&pem).unwrap();
