@@ -123,7 +123,8 @@ fn main() {
     let mut table = Table::new("daemon: kubelet-ca-agent run", !full);
     // BENCH_ONLY=NAME[,NAME...] runs only those parts (the function names below).
     let only = std::env::var("BENCH_ONLY").ok();
-    let parts: [(&str, fn(&Run, &KeyPool, &mut Table)); 7] = [
+    type Part = fn(&Run, &KeyPool, &mut Table);
+    let parts: [(&str, Part); 7] = [
         ("cluster_rotations", cluster_rotations),
         ("credentials_idle", credentials_idle),
         ("registries_fifty", registries_fifty),
