@@ -1798,7 +1798,18 @@ mod tests {
                 ("unreachable", said.to_string()),
                 "{kind:?}"
             );
+            // A server that is not there: retried within 5 s, never backed off to 30.
+            let failed = kube::Error::Service(Box::new(Layer(
+                "client error (Connect)",
+                Some(Box::new(Error::new(kind, "os"))),
+            )));
+            assert_eq!(failure_of(&failed), Failure::Unreachable, "{kind:?}");
         }
+        // A TLS failure is an answer of a kind: backed off as one.
+        let refused_tls = kube::Error::Service(Box::new(Error::other(
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        )));
+        assert_eq!(failure_of(&refused_tls), Failure::ANSWERED);
         let tls = |e: rustls::Error| {
             let io = Error::other(e);
             transport_cause(&Layer("client error (Connect)", Some(Box::new(io))))
