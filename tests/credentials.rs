@@ -341,6 +341,26 @@ fn an_expired_client_certificate_is_named_with_its_not_after() {
     assert_eq!(agent.get("/readyz").map(|(c, _)| c), Some(200));
 }
 
+/// A node whose kubeconfig names a CA file and a token file (`ca.crt` and `token` in the
+/// directory returned), the agent started on it and following the ConfigMap, holding
+/// `first`.
+fn started_on_a_token_file(api: &ApiServer, node: &Node, first: &Signer) -> (Agent, PathBuf) {
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &first.pem())], &[]);
+    let dir = node.root().join("serviceaccount");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let token = dir.join("token");
+    fs::write(&token, api.token()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let user = format!("    tokenFile: {}", token.display());
+    write_atomically(&kubeconfig, kubeconfig_yaml(api, &ca, &user).as_bytes());
+    let agent = start(node, &kubeconfig);
+    wait_until(10 * SECOND, || node.holds(first.pem()));
+    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
+    (agent, dir)
+}
+
 #[test]
 fn the_api_servers_new_ca_is_followed_once_the_ca_file_has_it() {
     let api = ApiServer::start();
@@ -349,18 +369,8 @@ fn the_api_servers_new_ca_is_followed_once_the_ca_file_has_it() {
         Signer::new("signer-a", Algorithm::P256),
         Signer::new("signer-b", Algorithm::P256),
     );
-    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
-    let dir = node.root().join("kube");
-    fs::create_dir_all(&dir).unwrap();
+    let (agent, dir) = started_on_a_token_file(&api, &node, &a);
     let ca = dir.join("ca.crt");
-    fs::write(&ca, api.ca_pem()).unwrap();
-    let token = dir.join("token");
-    fs::write(&token, api.token()).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    let user = format!("    tokenFile: {}", token.display());
-    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
-    let agent = start(&node, &kubeconfig);
-    wait_until(10 * SECOND, || node.holds(a.pem()));
     let pid = agent.child.id();
 
     // As a cluster rotates its serving CA: the CA file gains the new CA first...
@@ -443,19 +453,9 @@ fn a_replaced_token_file_is_followed_and_the_old_token_refused() {
         Signer::new("signer-a", Algorithm::P256),
         Signer::new("signer-b", Algorithm::P256),
     );
-    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
-    let dir = node.root().join("serviceaccount");
-    fs::create_dir_all(&dir).unwrap();
-    let ca = dir.join("ca.crt");
-    fs::write(&ca, api.ca_pem()).unwrap();
+    let first = api.token();
+    let (agent, dir) = started_on_a_token_file(&api, &node, &a);
     let token = dir.join("token");
-    let first = api.token().to_string();
-    fs::write(&token, &first).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    let user = format!("    tokenFile: {}", token.display());
-    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
-    let agent = start(&node, &kubeconfig);
-    wait_until(10 * SECOND, || node.holds(a.pem()));
 
     let second = api.rotate_token();
     write_atomically(&token, second.as_bytes());
@@ -464,25 +464,6 @@ fn a_replaced_token_file_is_followed_and_the_old_token_refused() {
     let took = wait_until(5 * SECOND, || node.holds(b.pem()));
     eprintln!("the new token carried the rotation in {took:?}");
     assert_no_secret(&agent, &[&first, &second]);
-}
-
-/// A node whose kubeconfig names a token file: the agent started on it, holding `first`.
-/// Returns the agent and the token file.
-fn started_on_a_token_file(api: &ApiServer, node: &Node, first: &Signer) -> (Agent, PathBuf) {
-    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &first.pem())], &[]);
-    let dir = node.root().join("serviceaccount");
-    fs::create_dir_all(&dir).unwrap();
-    let ca = dir.join("ca.crt");
-    fs::write(&ca, api.ca_pem()).unwrap();
-    let token = dir.join("token");
-    fs::write(&token, api.token()).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    let user = format!("    tokenFile: {}", token.display());
-    write_atomically(&kubeconfig, kubeconfig_yaml(api, &ca, &user).as_bytes());
-    let agent = start(node, &kubeconfig);
-    wait_until(10 * SECOND, || node.holds(first.pem()));
-    agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
-    (agent, token)
 }
 
 /// The agent's requests for the ConfigMap made after `since`.
@@ -504,7 +485,8 @@ fn new_credentials_resume_the_open_watch_at_once_from_where_it_was() {
         Signer::new("signer-a", Algorithm::P256),
         Signer::new("signer-b", Algorithm::P256),
     );
-    let (agent, token) = started_on_a_token_file(&api, &node, &a);
+    let (agent, dir) = started_on_a_token_file(&api, &node, &a);
+    let token = dir.join("token");
     // The watch stays open on the old token (a stream already authenticated is not cut),
     // so nothing but the agent itself moves it to the new one.
     wait_until(5 * SECOND, || api.open_watches() == 1);
@@ -537,7 +519,8 @@ fn new_credentials_end_a_grown_backoff_at_once() {
         Signer::new("signer-a", Algorithm::P256),
         Signer::new("signer-b", Algorithm::P256),
     );
-    let (agent, token) = started_on_a_token_file(&api, &node, &a);
+    let (agent, dir) = started_on_a_token_file(&api, &node, &a);
+    let token = dir.join("token");
     // The token is revoked and the watch cut: every attempt is refused (401), and the
     // backoff grows (0.4-0.8 s, then doubling) while the token file stays as it was.
     let second = api.rotate_token();

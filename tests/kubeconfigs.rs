@@ -540,19 +540,26 @@ fn sync_adds_at_once_and_removes_only_once_the_server_verifies() {
     assert_eq!(ca_data(&kubelet.kubeconfig), next);
 }
 
-#[test]
-fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed_job_is_retried() {
+/// A node whose kubeconfig is in sync, and an agent that restarts `unit` through a stand-in
+/// for systemd on a bus of its own (each job takes 0.2 s).
+fn restarting(unit: &str) -> (ApiServer, Kubelet, FakeSystemd, Agent) {
     let api = ApiServer::start();
-    let old = api.ca_pem();
-    let kubelet = Kubelet::new(&api.url(), &old);
+    let kubelet = Kubelet::new(&api.url(), &api.ca_pem());
     let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), SECOND / 5);
     let address = systemd.address.clone();
-    let agent = kubelet.start_with(&["--kubeconfig-restart-unit", "kubelet.service"], |cmd| {
+    let agent = kubelet.start_with(&["--kubeconfig-restart-unit", unit], |cmd| {
         cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &address);
     });
     wait_until(10 * SECOND, || {
         kubelet.in_sync_line(&agent).starts_with("[+]")
     });
+    (api, kubelet, systemd, agent)
+}
+
+#[test]
+fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed_job_is_retried() {
+    let (api, kubelet, systemd, agent) = restarting("kubelet.service");
+    let old = api.ca_pem();
     assert!(systemd.calls().is_empty(), "no CA added, no restart");
 
     // The next serving CA is added: one restart of the kubelet, as systemctl restart asks it.
@@ -608,17 +615,8 @@ fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed
 
 #[test]
 fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the_hook() {
-    let api = ApiServer::start();
+    let (api, kubelet, systemd, agent) = restarting("missing.service");
     let old = api.ca_pem();
-    let kubelet = Kubelet::new(&api.url(), &old);
-    let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), SECOND / 10);
-    let address = systemd.address.clone();
-    let agent = kubelet.start_with(&["--kubeconfig-restart-unit", "missing.service"], |cmd| {
-        cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &address);
-    });
-    wait_until(10 * SECOND, || {
-        kubelet.in_sync_line(&agent).starts_with("[+]")
-    });
     let next = api.next_serving_ca();
     write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
     wait_until(5 * SECOND, || {
