@@ -82,14 +82,7 @@ impl Kubelet {
     }
 
     fn start(&self, extra: &[&str]) -> Agent {
-        let manage = format!(
-            "{}=file:{}",
-            self.kubeconfig.display(),
-            self.source.display()
-        );
-        let mut args = vec!["--manage-kubeconfig", &manage];
-        args.extend_from_slice(extra);
-        Agent::start(&self.node, &[&self.bundle_source], &args)
+        self.start_with(extra, |_| {})
     }
 
     fn start_with(&self, extra: &[&str], adjust: impl FnOnce(&mut std::process::Command)) -> Agent {
@@ -615,7 +608,7 @@ fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed
 
 #[test]
 fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the_hook() {
-    let (api, kubelet, systemd, agent) = restarting("missing.service");
+    let (api, kubelet, _systemd, agent) = restarting("missing.service");
     let old = api.ca_pem();
     let next = api.next_serving_ca();
     write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
