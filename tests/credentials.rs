@@ -553,6 +553,94 @@ fn new_credentials_end_a_grown_backoff_at_once() {
 }
 
 #[test]
+fn a_401_reads_the_credentials_again_when_no_file_event_said_they_changed() {
+    // No inotify at all (a user namespace where none may be made, as on a node out of
+    // instances): a replaced token file sends no event. The 401 of the old token is what
+    // tells the agent, at once, not at the once-a-minute reading.
+    let api = ApiServer::start();
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
+    let dir = node.root().join("kube");
+    fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.crt");
+    fs::write(&ca, api.ca_pem()).unwrap();
+    let token = dir.join("token");
+    fs::write(&token, api.token()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let user = format!("    tokenFile: {}", token.display());
+    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
+    let wrapper = [
+        "unshare",
+        "-Ur",
+        "sh",
+        "-c",
+        "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$@\"",
+        "sh",
+    ];
+    let kubeconfig_arg = kubeconfig.to_str().unwrap();
+    let agent = Agent::start_wrapped(
+        &node,
+        &[SPEC],
+        &["--kubeconfig", kubeconfig_arg],
+        &wrapper,
+        |_| {},
+    );
+    wait_until(10 * SECOND, || node.holds(a.pem()));
+
+    let second = api.rotate_token();
+    write_atomically(&token, second.as_bytes());
+    api.close_watches();
+    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
+    let took = wait_until(10 * SECOND, || node.holds(b.pem()));
+    eprintln!("with no file events, the 401 brought the new token in: the rotation took {took:?}");
+    assert_no_secret(&agent, &[&second]);
+}
+
+#[test]
+fn credentials_that_break_after_working_are_reported_and_the_last_good_ones_kept() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let a = Signer::new("signer-a", Algorithm::P256);
+    let (agent, dir) = started_on_a_token_file(&api, &node, &a);
+    let log = agent.log();
+    assert!(
+        log.contains("credentials for the API server loaded"),
+        "{log}"
+    );
+    assert!(log.contains("trusted_cas=1"), "{log}");
+    // The CA file loses its certificate: the credentials cannot be used, which health and
+    // the log say, while the client of the last good ones goes on.
+    fs::write(dir.join("ca.crt"), "not a certificate\n").unwrap();
+    wait_until(5 * SECOND, || agent.log().contains("cannot be used"));
+    let said = "certificate-authority {} holds no PEM certificate; requests use the last good credentials meanwhile (not counted)";
+    let said = said.replace("{}", &dir.join("ca.crt").display().to_string());
+    wait_until(5 * SECOND, || {
+        verbose(&agent).contains(&format!("[-]credentials failed: {said}"))
+    });
+    assert!(
+        agent
+            .log()
+            .contains("keeping the client of the last good ones")
+    );
+    assert_eq!(agent.get("/readyz").map(|(c, _)| c), Some(200));
+    // The CA file gains the next serving CA beside the current one: new credentials,
+    // trusting two CAs.
+    let both = format!("{}{}", api.ca_pem(), api.next_serving_ca());
+    write_atomically(&dir.join("ca.crt"), both.as_bytes());
+    wait_until(5 * SECOND, || {
+        agent
+            .log()
+            .contains("credentials for the API server changed")
+    });
+    let log = agent.log();
+    assert!(log.contains("trusted_cas=2"), "{log}");
+}
+
+#[test]
 fn credentials_written_in_place_slowly_never_crash_the_agent_nor_mix_a_pair() {
     let api = ApiServer::start();
     let node = Node::new();
