@@ -153,6 +153,23 @@ mod tests {
         (code, serde_json::from_slice(&bytes).ok())
     }
 
+    #[test]
+    fn a_status_that_says_no_retry_after_gets_the_headers_and_one_that_says_one_keeps_it() {
+        let status = |details: &str| {
+            format!(
+                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","code":429,"reason":"TooManyRequests","details":{details}}}"#
+            )
+        };
+        let code = StatusCode::TOO_MANY_REQUESTS;
+        let given = with_retry_after(status(r#"{"retryAfterSeconds":0}"#).as_bytes(), code, 7);
+        assert_eq!(given.details.unwrap().retry_after_seconds, 7);
+        let own = with_retry_after(status(r#"{"retryAfterSeconds":3}"#).as_bytes(), code, 7);
+        assert_eq!(own.details.unwrap().retry_after_seconds, 3);
+        let none = with_retry_after(b"too many requests, please try again later", code, 5);
+        assert_eq!(none.details.unwrap().retry_after_seconds, 5);
+        assert_eq!(none.code, 429);
+    }
+
     #[tokio::test]
     async fn the_plain_text_429_of_a_shedding_server_carries_its_wait() {
         let shed = response(

@@ -47,16 +47,28 @@ impl Origin {
     /// (SPEC 3). A file that does not exist yet is still the origin: on a new node the
     /// kubelet writes its kubeconfig after the agent has started.
     pub fn resolve(explicit: Option<&Path>) -> Result<Origin, String> {
+        Origin::resolve_in(explicit, |name| std::env::var_os(name))
+    }
+
+    /// [`Origin::resolve`] with the environment variables as `env` gives them.
+    fn resolve_in(
+        explicit: Option<&Path>,
+        env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<Origin, String> {
         if let Some(path) = explicit {
             return Ok(Origin::Kubeconfig {
                 paths: vec![absolute(path)],
                 chosen_by: "--kubeconfig",
             });
         }
-        let env = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let text = |name| {
+            env(name)
+                .and_then(|v| v.into_string().ok())
+                .filter(|v| !v.is_empty())
+        };
         if let (Some(host), Some(port)) = (
-            env("KUBERNETES_SERVICE_HOST"),
-            env("KUBERNETES_SERVICE_PORT"),
+            text("KUBERNETES_SERVICE_HOST"),
+            text("KUBERNETES_SERVICE_PORT"),
         ) {
             let host = if host.contains(':') {
                 format!("[{host}]")
@@ -68,7 +80,7 @@ impl Origin {
                 dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
             });
         }
-        if let Some(value) = std::env::var_os("KUBECONFIG") {
+        if let Some(value) = env("KUBECONFIG") {
             let paths: Vec<PathBuf> = std::env::split_paths(&value)
                 .filter(|p| !p.as_os_str().is_empty())
                 .map(|p| absolute(&p))
@@ -80,7 +92,7 @@ impl Origin {
                 });
             }
         }
-        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        match env("HOME").filter(|h| !h.is_empty()) {
             Some(home) => Ok(Origin::Kubeconfig {
                 paths: vec![PathBuf::from(home).join(".kube").join("config")],
                 chosen_by: "the default ~/.kube/config",
@@ -625,6 +637,83 @@ mod tests {
             " (at line 12, column 9)"
         );
         assert_eq!(yaml_location("did not find expected key"), "");
+    }
+
+    #[test]
+    fn the_origin_is_in_cluster_then_kubeconfig_then_home_skipping_what_is_empty() {
+        let resolve = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Origin::resolve_in(None, move |name| {
+                vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.into())
+            })
+        };
+        assert_eq!(
+            resolve(&[
+                ("KUBERNETES_SERVICE_HOST", "fd00::1"),
+                ("KUBERNETES_SERVICE_PORT", "443"),
+                ("KUBECONFIG", "/k"),
+            ]),
+            Ok(Origin::InCluster {
+                server: "https://[fd00::1]:443".into(),
+                dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+            })
+        );
+        // An empty host is no service: $KUBECONFIG, whose empty entries are skipped.
+        let origin = resolve(&[
+            ("KUBERNETES_SERVICE_HOST", ""),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("KUBECONFIG", "/a::/b"),
+        ])
+        .unwrap();
+        assert_eq!(
+            origin,
+            Origin::Kubeconfig {
+                paths: vec![PathBuf::from("/a"), PathBuf::from("/b")],
+                chosen_by: "$KUBECONFIG",
+            }
+        );
+        assert_eq!(origin.describe(), "kubeconfig /a:/b ($KUBECONFIG)");
+        // A $KUBECONFIG of empty entries only is none: ~/.kube/config.
+        assert_eq!(
+            resolve(&[("KUBECONFIG", ":"), ("HOME", "/root")]),
+            Ok(Origin::Kubeconfig {
+                paths: vec![PathBuf::from("/root/.kube/config")],
+                chosen_by: "the default ~/.kube/config",
+            })
+        );
+        let none = resolve(&[("HOME", "")]).unwrap_err();
+        assert!(none.contains("pass --kubeconfig"), "{none}");
+        assert_eq!(
+            Origin::InCluster {
+                server: "https://10.0.0.1:443".into(),
+                dir: PathBuf::from("/sa"),
+            }
+            .describe(),
+            "the pod's service account in /sa"
+        );
+    }
+
+    #[test]
+    fn a_linked_credential_file_is_watched_at_the_link_and_at_its_target() {
+        let dir = std::env::temp_dir().join(format!("load-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("pki")).unwrap();
+        let target = dir.join("pki/token-2026");
+        std::fs::write(&target, "a-token").unwrap();
+        let link = dir.join("token");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let mut reader = Reader::default();
+        assert_eq!(reader.read(&link, "token").unwrap(), b"a-token");
+        assert!(reader.files.contains(&link));
+        assert!(reader.files.contains(&target));
+        // A plain file is watched once.
+        let mut reader = Reader::default();
+        reader.read(&target, "token").unwrap();
+        assert_eq!(reader.files.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
