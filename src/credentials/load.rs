@@ -717,6 +717,24 @@ mod tests {
     }
 
     #[test]
+    fn a_credential_file_of_a_mebibyte_is_read_and_one_byte_more_refused() {
+        let dir = std::env::temp_dir().join(format!("load-size-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, vec![b'a'; MAX_FILE_BYTES]).unwrap();
+        let read = Reader::default().read(&file, "token").unwrap();
+        assert_eq!(read.len(), MAX_FILE_BYTES);
+        std::fs::write(&file, vec![b'a'; MAX_FILE_BYTES + 1]).unwrap();
+        let refused = Reader::default().read(&file, "token").unwrap_err().problem;
+        assert!(
+            refused.contains("is larger than 1024 KiB: not a token"),
+            "{refused}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_explicit_kubeconfig_is_the_origin_even_before_it_exists() {
         let origin = Origin::resolve(Some(Path::new("/nonexistent/kubeconfig"))).unwrap();
         assert_eq!(
