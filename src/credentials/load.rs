@@ -735,6 +735,71 @@ mod tests {
     }
 
     #[test]
+    fn where_the_trust_and_the_client_certificate_come_from_is_named() {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let now = crate::bundle::test_certs::now();
+        let ca = crate::bundle::test_certs::ca(Some("api-ca"), None, now - 3600, now + 86400);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:a");
+        let cert = params.self_signed(&key).unwrap();
+        let dir = std::env::temp_dir().join(format!("load-origin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kubeconfig");
+        let load_with = |cluster: &str, user: &str| {
+            std::fs::write(
+                &path,
+                format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+                ),
+            )
+            .unwrap();
+            load(&Origin::Kubeconfig {
+                paths: vec![path.clone()],
+                chosen_by: "--kubeconfig",
+            })
+            .result
+            .unwrap()
+        };
+        let inline = load_with(
+            &format!("    certificate-authority-data: {}\n", b64(ca.pem())),
+            &format!(
+                "    client-certificate-data: {}\n    client-key-data: {}\n",
+                b64(cert.pem().as_bytes()),
+                b64(key.serialize_pem().as_bytes())
+            ),
+        );
+        assert!(
+            inline
+                .ca_origin
+                .starts_with("certificate-authority-data of cluster \"c\" in kubeconfig"),
+            "{}",
+            inline.ca_origin
+        );
+        let client = inline.client_certificate_origin.unwrap();
+        assert!(
+            client.starts_with("client-certificate-data of user \"u\" in kubeconfig"),
+            "{client}"
+        );
+        let kinds: Vec<&str> = inline.held.iter().map(|h| h.kind).collect();
+        assert!(
+            kinds.contains(&"cluster") && kinds.contains(&"user"),
+            "{kinds:?}"
+        );
+
+        let insecure = load_with("    insecure-skip-tls-verify: true\n", "    token: abc\n");
+        assert_eq!(insecure.ca_origin, "nothing (insecure-skip-tls-verify)");
+        assert_eq!(insecure.client_certificate_origin, None);
+        let roots = load_with("", "    token: abc\n");
+        assert_eq!(roots.ca_origin, "the system's trusted roots");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_explicit_kubeconfig_is_the_origin_even_before_it_exists() {
         let origin = Origin::resolve(Some(Path::new("/nonexistent/kubeconfig"))).unwrap();
         assert_eq!(
