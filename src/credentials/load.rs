@@ -800,6 +800,57 @@ mod tests {
     }
 
     #[test]
+    fn relative_paths_are_the_kubeconfigs_and_in_cluster_config_takes_the_pods_namespace() {
+        let now = crate::bundle::test_certs::now();
+        let ca = crate::bundle::test_certs::ca(Some("api-ca"), None, now - 3600, now + 86400);
+        let dir = std::env::temp_dir().join(format!("load-relative-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("kube")).unwrap();
+        std::fs::write(dir.join("kube/ca.crt"), ca.pem()).unwrap();
+        std::fs::write(dir.join("kube/token"), "a-token\n").unwrap();
+        let path = dir.join("kube/kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority: ca.crt\nusers:\n- name: u\n  user:\n    tokenFile: token\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+        )
+        .unwrap();
+        // Read from the kubeconfig's directory, whatever the agent's own.
+        let loaded = load(&Origin::Kubeconfig {
+            paths: vec![path.clone()],
+            chosen_by: "--kubeconfig",
+        })
+        .result
+        .unwrap();
+        let ca_file = dir.join("kube/ca.crt");
+        assert_eq!(
+            loaded.ca_origin,
+            format!("certificate-authority {}", ca_file.display())
+        );
+
+        let in_cluster = |namespace: Option<&str>| {
+            let sa = dir.join("sa");
+            let _ = std::fs::remove_dir_all(&sa);
+            std::fs::create_dir_all(&sa).unwrap();
+            std::fs::write(sa.join("ca.crt"), ca.pem()).unwrap();
+            std::fs::write(sa.join("token"), "a-token\n").unwrap();
+            if let Some(namespace) = namespace {
+                std::fs::write(sa.join("namespace"), namespace).unwrap();
+            }
+            load(&Origin::InCluster {
+                server: "https://10.0.0.1:443".into(),
+                dir: sa,
+            })
+            .result
+            .unwrap()
+            .config
+            .default_namespace
+        };
+        assert_eq!(in_cluster(Some("kubelet-ca-agent\n")), "kubelet-ca-agent");
+        assert_eq!(in_cluster(None), "default");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_explicit_kubeconfig_is_the_origin_even_before_it_exists() {
         let origin = Origin::resolve(Some(Path::new("/nonexistent/kubeconfig"))).unwrap();
         assert_eq!(
