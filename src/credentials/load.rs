@@ -390,10 +390,8 @@ impl Reader {
             self.note(b"token", token.expose_secret().as_bytes());
         }
 
-        let options = KubeConfigOptions {
-            context: config.current_context.clone(),
-            ..Default::default()
-        };
+        // No context named: kube-rs takes the current one, as `current` did above.
+        let options = KubeConfigOptions::default();
         let config =
             futures::executor::block_on(kube::Config::from_custom_kubeconfig(config, &options))
                 .or_else(|e| fail(format!("kubeconfig {source} is not usable: {e}")))?;
@@ -637,6 +635,33 @@ mod tests {
             " (at line 12, column 9)"
         );
         assert_eq!(yaml_location("did not find expected key"), "");
+        assert_eq!(
+            yaml_location("mapping values are not allowed at line 3"),
+            " (at line 3)"
+        );
+    }
+
+    #[test]
+    fn a_token_is_trimmed_and_one_with_a_blank_or_a_control_character_inside_refused() {
+        use secrecy::ExposeSecret;
+        let ok = token(b" abc.def-_~+/=\n", "tokenFile t").unwrap();
+        assert_eq!(ok.expose_secret(), "abc.def-_~+/=");
+        for bad in [
+            &b"two words"[..],
+            b"tab\there",
+            b"nul\0",
+            "\u{e9}t\u{e9}".as_bytes(),
+        ] {
+            let problem = token(bad, "tokenFile t").unwrap_err().problem;
+            assert_eq!(
+                problem,
+                "tokenFile t holds characters a bearer token cannot have"
+            );
+        }
+        assert_eq!(
+            token(b" \n", "tokenFile t").unwrap_err().problem,
+            "tokenFile t is empty"
+        );
     }
 
     #[test]
