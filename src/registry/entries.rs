@@ -350,6 +350,28 @@ mod tests {
     }
 
     #[test]
+    fn base64_too_large_to_decode_is_refused_with_the_size_it_would_have() {
+        let most = MAX_SOURCE_BYTES.div_ceil(3) * 4;
+        let data = "A".repeat(most + 4);
+        match decode("quay.io", &data) {
+            Err(EntryError::Content {
+                registry,
+                rejection: Rejection::TooLarge { size, limit },
+            }) => {
+                assert_eq!(registry, "quay.io");
+                assert_eq!(size, (most + 4) / 4 * 3);
+                assert_eq!(limit, MAX_SOURCE_BYTES);
+            }
+            other => panic!("{other:?}"),
+        }
+        // At the bound, it is decoded.
+        assert_eq!(
+            decode("quay.io", &"A".repeat(most)).unwrap().len(),
+            most / 4 * 3
+        );
+    }
+
+    #[test]
     fn a_controllerconfig_list_gives_one_entry_per_registry() {
         let value = json!([
             {"file": "image-registry.openshift-image-registry.svc..5000", "data": STANDARD.encode(b"internal CA")},
