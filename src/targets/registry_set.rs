@@ -972,6 +972,52 @@ mod tests {
     }
 
     #[test]
+    fn a_dir_that_cannot_be_looked_at_is_not_taken_for_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = set(dir.path());
+        let root = dir.path().join("certs.d");
+        assert_eq!(set.list(&BTreeSet::new()).0.root, Root::Missing);
+        // A link to itself: looking at it fails (ELOOP), and a DIR the agent cannot look
+        // at must never be made anew or written under.
+        std::os::unix::fs::symlink(&root, &root).unwrap();
+        assert_eq!(set.list(&BTreeSet::new()).0.root, Root::NotADirectory);
+        fs::remove_file(&root).unwrap();
+        fs::create_dir(&root).unwrap();
+        assert_eq!(set.list(&BTreeSet::new()).0.root, Root::Directory);
+    }
+
+    #[test]
+    fn while_sources_are_unread_a_valid_file_the_agent_made_is_said_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = set(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let valid = crate::bundle::test_certs::ca(Some("registry-ca"), None, now - 60, now + 3600);
+        let expired = crate::bundle::test_certs::ca(Some("old-ca"), None, now - 7200, now - 3600);
+        for (name, cert) in [("quay.io", &valid), ("old.example", &expired)] {
+            fs::create_dir_all(dir.path().join("certs.d").join(name)).unwrap();
+            fs::write(set.path_of(name), cert.pem()).unwrap();
+        }
+        let created = Created {
+            directories: BTreeSet::new(),
+            files: ["quay.io", "old.example"].map(String::from).into(),
+        };
+        set.unknown(&created, &["dir:/nowhere".to_string()]);
+        let problem = |name: &str| {
+            let path = set.path_of(name).display().to_string();
+            let status = set.statuses.iter().find(|s| s.bundle_path == path).unwrap();
+            (status.file_valid, status.file_problem.clone())
+        };
+        assert_eq!(problem("quay.io"), (true, None));
+        assert_eq!(
+            problem("old.example"),
+            (
+                false,
+                Some("no certificate in the file is valid now".into())
+            )
+        );
+    }
+
+    #[test]
     fn the_next_boundary_is_the_next_validity_change_of_a_file_capped_at_an_hour() {
         let dir = tempfile::tempdir().unwrap();
         let mut set = set(dir.path());
