@@ -876,6 +876,71 @@ mod tests {
     }
 
     #[test]
+    fn empty_fields_are_as_if_absent_and_a_file_that_cannot_be_opened_is_not_said_missing() {
+        let now = crate::bundle::test_certs::now();
+        let ca = crate::bundle::test_certs::ca(Some("api-ca"), None, now - 3600, now + 86400);
+        let dir = std::env::temp_dir().join(format!("load-empty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
+        let path = dir.join("kubeconfig");
+        let load_with = |cluster: &str, user: &str| {
+            std::fs::write(
+                &path,
+                format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+                ),
+            )
+            .unwrap();
+            load(&Origin::Kubeconfig {
+                paths: vec![path.clone()],
+                chosen_by: "$KUBECONFIG",
+            })
+            .result
+        };
+        // Empty CA data: the CA file; an empty CA file name: the system's roots; empty
+        // client certificate data: no client certificate.
+        let file = load_with(
+            "    certificate-authority-data: \"\"\n    certificate-authority: ca.crt\n",
+            "    token: abc\n    client-certificate-data: \"\"\n",
+        )
+        .unwrap();
+        assert!(
+            file.ca_origin.starts_with("certificate-authority "),
+            "{}",
+            file.ca_origin
+        );
+        assert_eq!(file.client_certificate_origin, None);
+        let roots = load_with("    certificate-authority: \"\"\n", "    token: abc\n").unwrap();
+        assert_eq!(roots.ca_origin, "the system's trusted roots");
+        // A kubeconfig that cannot be opened (a link to itself) is not "missing".
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&path, &path).unwrap();
+        let problem = load(&Origin::Kubeconfig {
+            paths: vec![path.clone()],
+            chosen_by: "--kubeconfig",
+        })
+        .result
+        .err()
+        .unwrap()
+        .problem;
+        assert!(problem.contains("cannot read it"), "{problem}");
+        assert!(!problem.contains("does not exist"), "{problem}");
+        assert!(!problem.contains("on a new node"), "{problem}");
+        // The new node's hint is for --kubeconfig only.
+        let missing = load(&Origin::Kubeconfig {
+            paths: vec![dir.join("nowhere")],
+            chosen_by: "$KUBECONFIG",
+        })
+        .result
+        .err()
+        .unwrap()
+        .problem;
+        assert!(missing.ends_with("does not exist"), "{missing}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_explicit_kubeconfig_is_the_origin_even_before_it_exists() {
         let origin = Origin::resolve(Some(Path::new("/nonexistent/kubeconfig"))).unwrap();
         assert_eq!(
