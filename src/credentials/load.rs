@@ -911,7 +911,12 @@ mod tests {
             file.ca_origin
         );
         assert_eq!(file.client_certificate_origin, None);
-        let roots = load_with("    certificate-authority: \"\"\n", "    token: abc\n").unwrap();
+        let roots = load_with(
+            "    certificate-authority: \"\"\n",
+            "    token: abc\n    client-certificate: \"\"\n",
+        )
+        .unwrap();
+        assert_eq!(roots.client_certificate_origin, None);
         assert_eq!(roots.ca_origin, "the system's trusted roots");
         // A kubeconfig that cannot be opened (a link to itself) is not "missing".
         std::fs::remove_file(&path).unwrap();
