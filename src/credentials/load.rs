@@ -913,7 +913,7 @@ mod tests {
         assert_eq!(file.client_certificate_origin, None);
         let roots = load_with(
             "    certificate-authority: \"\"\n",
-            "    token: abc\n    client-certificate: \"\"\n",
+            "    token: abc\n    client-certificate: \"\"\n    client-key: \"\"\n    client-key-data: \"\"\n",
         )
         .unwrap();
         assert_eq!(roots.client_certificate_origin, None);
