@@ -628,6 +628,22 @@ fn token(bytes: &[u8], where_: &str) -> Result<SecretString, CredentialError> {
 mod tests {
     use super::*;
 
+    /// Writes at `path` a kubeconfig of one cluster (server https://127.0.0.1:6443, then
+    /// the lines `cluster`) and one user (the lines `user`), current, and loads it.
+    fn load_kubeconfig(path: &Path, cluster: &str, user: &str, chosen_by: &'static str) -> Attempt {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+            ),
+        )
+        .unwrap();
+        load(&Origin::Kubeconfig {
+            paths: vec![path.to_path_buf()],
+            chosen_by,
+        })
+    }
+
     #[test]
     fn yaml_errors_keep_the_place_and_drop_the_text() {
         assert_eq!(
@@ -776,19 +792,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("kubeconfig");
         let load_with = |cluster: &str, user: &str| {
-            std::fs::write(
-                &path,
-                format!(
-                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-                ),
-            )
-            .unwrap();
-            load(&Origin::Kubeconfig {
-                paths: vec![path.clone()],
-                chosen_by: "--kubeconfig",
-            })
-            .result
-            .unwrap()
+            load_kubeconfig(&path, cluster, user, "--kubeconfig")
+                .result
+                .unwrap()
         };
         let inline = load_with(
             &format!("    certificate-authority-data: {}\n", b64(ca.pem())),
@@ -884,20 +890,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
         let path = dir.join("kubeconfig");
-        let load_with = |cluster: &str, user: &str| {
-            std::fs::write(
-                &path,
-                format!(
-                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-                ),
-            )
-            .unwrap();
-            load(&Origin::Kubeconfig {
-                paths: vec![path.clone()],
-                chosen_by: "$KUBECONFIG",
-            })
-            .result
-        };
+        let load_with =
+            |cluster: &str, user: &str| load_kubeconfig(&path, cluster, user, "$KUBECONFIG").result;
         // Empty CA data: the CA file; an empty CA file name: the system's roots; empty
         // client certificate data: no client certificate.
         let file = load_with(
