@@ -164,8 +164,8 @@ fn run_with(
 
 /// Restarts `unit` through systemd's D-Bus API (`--kubeconfig-restart-unit`), logging how it
 /// ended. Returns whether it succeeded.
-fn restart_unit(unit: &str, timeout: Duration) -> bool {
-    match crate::unit_restart::restart(unit, timeout) {
+fn restart_unit(unit: &str, timeout: Duration, stop: &dyn Fn() -> bool) -> bool {
+    match crate::unit_restart::restart(unit, timeout, stop) {
         Ok(()) => {
             tracing::info!(unit, "kubeconfig-restart-unit: systemd restarted the unit");
             true
@@ -295,7 +295,9 @@ impl Hooks {
                         KubeconfigHook::Command(command) => {
                             run_with(command, &env, what, timeout, &stopping)
                         }
-                        KubeconfigHook::RestartUnit(unit) => restart_unit(unit, timeout),
+                        KubeconfigHook::RestartUnit(unit) => {
+                            restart_unit(unit, timeout, &stopping)
+                        }
                     };
                     if succeeded {
                         retry = RETRY_FIRST;

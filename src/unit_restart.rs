@@ -31,10 +31,21 @@ pub fn system_bus(from_env: Option<&str>) -> &str {
     }
 }
 
-/// Restarts `unit` and waits, up to `timeout`, for systemd to say how the restart ended.
+/// The longest wait for systemd to end a restart job it has queued. systemd bounds the job
+/// itself (the unit's start timeout, then the result `timeout`); this only guards against a
+/// `JobRemoved` that never comes.
+pub const JOB_WAIT_MAX: Duration = Duration::from_secs(15 * 60);
+
+/// How often a wait checks whether the agent is stopping.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Restarts `unit` and waits for systemd to say how the restart ended, as `systemctl
+/// restart` does. Reaching systemd and queueing the job are bounded by `timeout`; the job
+/// itself is not (a kubelet may take longer to start than a hook may run, and asking again
+/// would restart it again), up to [`JOB_WAIT_MAX`]. Gives up at once when `stop` says so.
 /// Runs its own small runtime: it is called from the hook's thread. The error says what
 /// failed (the bus, systemd's refusal, the job's result), never more.
-pub fn restart(unit: &str, timeout: Duration) -> Result<(), String> {
+pub fn restart(unit: &str, timeout: Duration, stop: &dyn Fn() -> bool) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -42,51 +53,73 @@ pub fn restart(unit: &str, timeout: Duration) -> Result<(), String> {
     let address = std::env::var("DBUS_SYSTEM_BUS_ADDRESS").ok();
     let address = system_bus(address.as_deref()).to_string();
     runtime.block_on(async {
-        match tokio::time::timeout(timeout, restart_on(&address, unit)).await {
-            Ok(result) => result,
-            Err(_) => Err(format!(
-                "systemd did not finish restarting {unit} within {}",
-                humantime::format_duration(timeout)
-            )),
+        let stopping = async {
+            while !stop() {
+                tokio::time::sleep(POLL).await;
+            }
+        };
+        tokio::select! {
+            result = restart_on(&address, unit, timeout) => result,
+            () = stopping => Err(format!("stopping: the restart of {unit} is no longer waited for")),
         }
     })
 }
 
 /// [`restart`] on the bus at `address`.
-async fn restart_on(address: &str, unit: &str) -> Result<(), String> {
-    let parsed: zbus::Address = address
-        .parse()
-        .map_err(|e| format!("the system bus address {address:?} is not valid: {e}"))?;
-    let bus = zbus::connection::Builder::address(parsed)
-        .build()
-        .await
-        .map_err(|e| format!("cannot connect to the system bus at {address}: {e}"))?;
-    let manager = zbus::Proxy::new(&bus, SYSTEMD, MANAGER_PATH, MANAGER)
-        .await
-        .map_err(|e| format!("cannot reach systemd on the system bus: {e}"))?;
-    // Listening before asking: the job may end before the call's answer is read.
-    let mut removed = manager
-        .receive_signal("JobRemoved")
-        .await
-        .map_err(|e| format!("cannot listen for systemd's jobs on the system bus: {e}"))?;
-    let job: OwnedObjectPath = manager
-        .call("RestartUnit", &(unit, "replace"))
-        .await
-        .map_err(|e| format!("systemd refused to restart {unit}: {}", refusal(&e)))?;
-    while let Some(signal) = removed.next().await {
-        let Ok((_id, path, _unit, result)) = signal
-            .body()
-            .deserialize::<(u32, OwnedObjectPath, String, String)>()
-        else {
-            continue;
-        };
-        if path == job {
-            return outcome(unit, &result);
+async fn restart_on(address: &str, unit: &str, timeout: Duration) -> Result<(), String> {
+    let queue = async {
+        let parsed: zbus::Address = address
+            .parse()
+            .map_err(|e| format!("the system bus address {address:?} is not valid: {e}"))?;
+        let bus = zbus::connection::Builder::address(parsed)
+            .build()
+            .await
+            .map_err(|e| format!("cannot connect to the system bus at {address}: {e}"))?;
+        let manager = zbus::Proxy::new(&bus, SYSTEMD, MANAGER_PATH, MANAGER)
+            .await
+            .map_err(|e| format!("cannot reach systemd on the system bus: {e}"))?;
+        // Listening before asking: the job may end before the call's answer is read.
+        let removed = manager
+            .receive_signal("JobRemoved")
+            .await
+            .map_err(|e| format!("cannot listen for systemd's jobs on the system bus: {e}"))?;
+        let job: OwnedObjectPath = manager
+            .call("RestartUnit", &(unit, "replace"))
+            .await
+            .map_err(|e| format!("systemd refused to restart {unit}: {}", refusal(&e)))?;
+        Ok::<_, String>((bus, removed, job))
+    };
+    let (_bus, mut removed, job) = tokio::time::timeout(timeout, queue).await.map_err(|_| {
+        format!(
+            "systemd did not take the restart of {unit} within {}",
+            humantime::format_duration(timeout)
+        )
+    })??;
+    let ended = async {
+        while let Some(signal) = removed.next().await {
+            let Ok((_id, path, _unit, result)) =
+                signal
+                    .body()
+                    .deserialize::<(u32, OwnedObjectPath, String, String)>()
+            else {
+                continue;
+            };
+            if path == job {
+                return outcome(unit, &result);
+            }
         }
-    }
-    Err(format!(
-        "the system bus closed before the restart of {unit} ended"
-    ))
+        Err(format!(
+            "the system bus closed before the restart of {unit} ended"
+        ))
+    };
+    tokio::time::timeout(JOB_WAIT_MAX, ended)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "systemd did not end the restart job of {unit} within {}",
+                humantime::format_duration(JOB_WAIT_MAX)
+            ))
+        })
 }
 
 /// What a job's result means: "done" is the only success (systemd's own list: done,
@@ -154,7 +187,11 @@ mod tests {
             .build()
             .unwrap();
         let error = runtime
-            .block_on(restart_on(&address, "kubelet.service"))
+            .block_on(restart_on(
+                &address,
+                "kubelet.service",
+                Duration::from_secs(5),
+            ))
             .unwrap_err();
         assert!(
             error.contains("cannot connect to the system bus at"),
@@ -162,7 +199,11 @@ mod tests {
         );
         assert!(error.contains("no-bus"), "{error}");
         let error = runtime
-            .block_on(restart_on("not-an-address", "kubelet.service"))
+            .block_on(restart_on(
+                "not-an-address",
+                "kubelet.service",
+                Duration::from_secs(5),
+            ))
             .unwrap_err();
         assert!(error.contains("is not valid"), "{error}");
     }

@@ -536,11 +536,22 @@ fn sync_adds_at_once_and_removes_only_once_the_server_verifies() {
 /// A node whose kubeconfig is in sync, and an agent that restarts `unit` through a stand-in
 /// for systemd on a bus of its own (each job takes 0.2 s).
 fn restarting(unit: &str) -> (ApiServer, Kubelet, FakeSystemd, Agent) {
+    restarting_with(unit, SECOND / 5, &[])
+}
+
+/// [`restarting`], each job taking `takes`, with `extra` flags.
+fn restarting_with(
+    unit: &str,
+    takes: Duration,
+    extra: &[&str],
+) -> (ApiServer, Kubelet, FakeSystemd, Agent) {
     let api = ApiServer::start();
     let kubelet = Kubelet::new(&api.url(), &api.ca_pem());
-    let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), SECOND / 5);
+    let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), takes);
     let address = systemd.address.clone();
-    let agent = kubelet.start_with(&["--kubeconfig-restart-unit", unit], |cmd| {
+    let mut args = vec!["--kubeconfig-restart-unit", unit];
+    args.extend_from_slice(extra);
+    let agent = kubelet.start_with(&args, |cmd| {
         cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &address);
     });
     wait_until(10 * SECOND, || {
@@ -651,4 +662,45 @@ fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the
         assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
         assert!(stderr.contains(says), "{flags:?}: {stderr}");
     }
+}
+
+#[test]
+fn a_restart_job_slower_than_the_hook_timeout_is_waited_for_not_asked_again_and_never_holds_a_stop()
+{
+    // The kubelet takes 4 s to start, the hook's timeout is 1 s: asking again would restart
+    // it again. The agent waits for systemd's verdict instead.
+    let (api, kubelet, systemd, agent) = restarting_with(
+        "kubelet.service",
+        4 * SECOND,
+        &["--exec-on-change-timeout", "1s"],
+    );
+    let next = api.next_serving_ca();
+    write_atomically(
+        &kubelet.source,
+        format!("{}{next}", api.ca_pem()).as_bytes(),
+    );
+    wait_until(10 * SECOND, || {
+        agent.log().contains("systemd restarted the unit")
+    });
+    assert_eq!(systemd.calls().len(), 1, "{:?}", systemd.calls());
+    assert_eq!(
+        agent.sample("kubelet_ca_kubeconfig_hook_failures_total", &[]),
+        Some(0.0)
+    );
+
+    // A stop while a restart job runs is not held up by it.
+    let mut agent = agent;
+    let third = Signer::new("third-ca", Algorithm::P256).pem();
+    write_atomically(
+        &kubelet.source,
+        format!("{}{next}{third}", api.ca_pem()).as_bytes(),
+    );
+    wait_until(5 * SECOND, || systemd.calls().len() == 2);
+    let asked = std::time::Instant::now();
+    agent.terminate();
+    let took = asked.elapsed();
+    assert!(
+        took < 3 * SECOND,
+        "the stop waited {took:?} for the restart job"
+    );
 }
