@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use common::apiserver::ApiServer;
-use common::daemon::{Agent, eventually, wait_until};
+use common::daemon::{Agent, WITHOUT_INOTIFY, eventually, wait_until};
 use common::pki::{Algorithm, Signer};
 use common::{Node, sha256_hex, stderr};
 
@@ -124,10 +124,18 @@ fn assert_no_secret(agent: &Agent, secrets: &[&str]) {
 }
 
 fn start(node: &Node, kubeconfig: &Path) -> Agent {
-    let agent = Agent::start(
+    start_wrapped(node, kubeconfig, &[])
+}
+
+/// [`start`], through `wrapper` (see [`Agent::start_wrapped`]).
+fn start_wrapped(node: &Node, kubeconfig: &Path, wrapper: &[&str]) -> Agent {
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    let agent = Agent::start_wrapped(
         node,
         &[SPEC],
-        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+        &["--kubeconfig", kubeconfig],
+        wrapper,
+        |_| {},
     );
     agent.wait_listening();
     agent
@@ -345,6 +353,16 @@ fn an_expired_client_certificate_is_named_with_its_not_after() {
 /// directory returned), the agent started on it and following the ConfigMap, holding
 /// `first`.
 fn started_on_a_token_file(api: &ApiServer, node: &Node, first: &Signer) -> (Agent, PathBuf) {
+    started_on_a_token_file_wrapped(api, node, first, &[])
+}
+
+/// [`started_on_a_token_file`], the agent run through `wrapper`.
+fn started_on_a_token_file_wrapped(
+    api: &ApiServer,
+    node: &Node,
+    first: &Signer,
+    wrapper: &[&str],
+) -> (Agent, PathBuf) {
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &first.pem())], &[]);
     let dir = node.root().join("serviceaccount");
     fs::create_dir_all(&dir).unwrap();
@@ -355,7 +373,7 @@ fn started_on_a_token_file(api: &ApiServer, node: &Node, first: &Signer) -> (Age
     let kubeconfig = dir.join("kubeconfig");
     let user = format!("    tokenFile: {}", token.display());
     write_atomically(&kubeconfig, kubeconfig_yaml(api, &ca, &user).as_bytes());
-    let agent = start(node, &kubeconfig);
+    let agent = start_wrapped(node, &kubeconfig, wrapper);
     wait_until(10 * SECOND, || node.holds(first.pem()));
     agent.wait_metric(5 * SECOND, "kubelet_ca_source_up{", 1.0);
     (agent, dir)
@@ -563,33 +581,8 @@ fn a_401_reads_the_credentials_again_when_no_file_event_said_they_changed() {
         Signer::new("signer-a", Algorithm::P256),
         Signer::new("signer-b", Algorithm::P256),
     );
-    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &a.pem())], &[]);
-    let dir = node.root().join("kube");
-    fs::create_dir_all(&dir).unwrap();
-    let ca = dir.join("ca.crt");
-    fs::write(&ca, api.ca_pem()).unwrap();
+    let (agent, dir) = started_on_a_token_file_wrapped(&api, &node, &a, &WITHOUT_INOTIFY);
     let token = dir.join("token");
-    fs::write(&token, api.token()).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    let user = format!("    tokenFile: {}", token.display());
-    write_atomically(&kubeconfig, kubeconfig_yaml(&api, &ca, &user).as_bytes());
-    let wrapper = [
-        "unshare",
-        "-Ur",
-        "sh",
-        "-c",
-        "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$@\"",
-        "sh",
-    ];
-    let kubeconfig_arg = kubeconfig.to_str().unwrap();
-    let agent = Agent::start_wrapped(
-        &node,
-        &[SPEC],
-        &["--kubeconfig", kubeconfig_arg],
-        &wrapper,
-        |_| {},
-    );
-    wait_until(10 * SECOND, || node.holds(a.pem()));
 
     let second = api.rotate_token();
     write_atomically(&token, second.as_bytes());

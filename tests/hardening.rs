@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use time::Duration as Span;
 
-use common::daemon::{Agent, eventually, wait_until};
+use common::daemon::{Agent, WITHOUT_INOTIFY, eventually, wait_until};
 use common::pki::{self, Algorithm, Signer};
 use common::{Node, agent_bin, stderr, stdout};
 
@@ -362,15 +362,7 @@ fn without_inotify_the_agent_writes_the_bundle_and_says_it_runs_on_reverificatio
     let pem = pki::bundle_of(2, "ca");
     let source = node.source("signers.pem", &pem);
     // A user namespace of its own, where no inotify instance may be created at all.
-    let wrapper = [
-        "unshare",
-        "-Ur",
-        "sh",
-        "-c",
-        "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$@\"",
-        "sh",
-    ];
-    let agent = Agent::start_wrapped(&node, &[&source], &[], &wrapper, |_| {});
+    let agent = Agent::start_wrapped(&node, &[&source], &[], &WITHOUT_INOTIFY, |_| {});
     wait_until(5 * SECOND, || node.holds(&pem));
     agent.wait_listening();
     let report = verbose(&agent);

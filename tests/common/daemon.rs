@@ -264,6 +264,17 @@ fn decode_chunked(head: &str, body: String) -> String {
     out
 }
 
+/// A wrapper for [`Agent::start_wrapped`]: the agent in a user namespace of its own, where
+/// no inotify instance may be made at all (as on a node out of instances).
+pub const WITHOUT_INOTIFY: [&str; 6] = [
+    "unshare",
+    "-Ur",
+    "sh",
+    "-c",
+    "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$@\"",
+    "sh",
+];
+
 /// Polls `condition` every 5 ms until it holds; panics after `limit`. Returns how long it took.
 pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
