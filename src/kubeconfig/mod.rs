@@ -90,15 +90,19 @@ impl Document {
         if expected == self.value {
             return Ok(self.text.clone().into_bytes());
         }
-        // In place: the old value's text, when it occurs exactly once.
+        // In place: the old value's text replaced where it occurs, at the first occurrence
+        // that reads back as `expected` (the same data may be another cluster's too), so
+        // that comments, order and quoting stay.
         let old = cluster_fields(&self.value, self.index)
             .and_then(|c| c.get(CA_DATA))
             .and_then(Value::as_str)
-            .filter(|old| !old.is_empty() && self.text.matches(*old).count() == 1);
+            .filter(|old| !old.is_empty());
         if let Some(old) = old {
-            let edited = self.text.replacen(old, &encoded, 1);
-            if parse_value(&edited).ok().as_ref() == Some(&expected) {
-                return Ok(edited.into_bytes());
+            for (at, _) in self.text.match_indices(old) {
+                let edited = [&self.text[..at], &encoded, &self.text[at + old.len()..]].concat();
+                if parse_value(&edited).ok().as_ref() == Some(&expected) {
+                    return Ok(edited.into_bytes());
+                }
             }
         }
         // Written again from its parsed form: every field keeps its value.
@@ -372,11 +376,33 @@ mod tests {
         );
         let doc = Document::parse(text.as_bytes()).unwrap();
         assert_eq!(doc.cluster().name, "b");
-        let edited = Document::parse(&doc.with_ca_data(b"NEW").unwrap()).unwrap();
+        let bytes = doc.with_ca_data(b"NEW").unwrap();
+        let edited = Document::parse(&bytes).unwrap();
         assert_eq!(edited.cluster().ca_data.as_deref(), Some(&b"NEW"[..]));
         let a = &clusters(&edited.value)[0]["cluster"][CA_DATA];
         assert_eq!(a.as_str(), Some(data.as_str()));
         assert_eq!(edited.value["current-context"], "ctx");
+        // Changed in place, at the second occurrence: the text is the same but for it.
+        let at = text.rfind(&data).unwrap();
+        let in_place = [&text[..at], &b64("NEW"), &text[at + data.len()..]].concat();
+        assert_eq!(String::from_utf8(bytes).unwrap(), in_place);
+    }
+
+    #[test]
+    fn ca_data_that_cannot_be_changed_in_place_is_written_again_with_every_value() {
+        // The old value split over two lines of a double-quoted scalar: its text occurs
+        // nowhere, so the document is written again from its values.
+        let data = b64("OLD CA DATA");
+        let (a, b) = data.split_at(8);
+        let text = format!(
+            "clusters:\n- name: c\n  cluster:\n    server: https://c\n    certificate-authority-data: \"{a}\\\n      {b}\"\n"
+        );
+        let doc = Document::parse(text.as_bytes()).unwrap();
+        assert_eq!(doc.cluster().ca_data.as_deref(), Some(&b"OLD CA DATA"[..]));
+        let bytes = doc.with_ca_data(b"NEW").unwrap();
+        let edited = Document::parse(&bytes).unwrap();
+        assert_eq!(edited.cluster().ca_data.as_deref(), Some(&b"NEW"[..]));
+        assert_eq!(edited.cluster().server, "https://c");
     }
 
     #[test]
