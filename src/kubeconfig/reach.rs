@@ -145,19 +145,16 @@ pub fn check(server: &Server, new: &[u8], old: &[u8]) -> Verdict {
             .ok()
     };
     let (new_verifier, old_verifier) = (verifier_of(new), verifier_of(old));
-    let verifies = |verifier: &Option<Arc<WebPkiServerVerifier>>, chain: &[CertificateDer]| {
+    let verifies = |verifier: &Option<Arc<WebPkiServerVerifier>>, chain: &Chain| {
         verifier.as_ref().is_some_and(|v| {
-            v.verify_server_cert(&chain[0], &chain[1..], &server.name, &[], UnixTime::now())
+            v.verify_server_cert(&chain.0, &chain.1, &server.name, &[], UnixTime::now())
                 .is_ok()
         })
     };
     let (mut new_ok, mut old_ok) = (true, true);
     for _ in 0..CONNECTIONS {
         let chain = match presented_chain(server, &provider) {
-            Ok(chain) if !chain.is_empty() => chain,
-            Ok(_) => {
-                return Verdict::Unreachable(format!("{} presented no certificate", server.shown));
-            }
+            Ok(chain) => chain,
             Err(why) => return Verdict::Unreachable(why),
         };
         new_ok &= verifies(&new_verifier, &chain);
@@ -169,11 +166,11 @@ pub fn check(server: &Server, new: &[u8], old: &[u8]) -> Verdict {
     }
 }
 
+/// A presented chain: the server's certificate, then the intermediates it sent.
+type Chain = (CertificateDer<'static>, Vec<CertificateDer<'static>>);
+
 /// One fresh connection's handshake, and the chain the server presented in it.
-fn presented_chain(
-    server: &Server,
-    provider: &Arc<CryptoProvider>,
-) -> Result<Vec<CertificateDer<'static>>, String> {
+fn presented_chain(server: &Server, provider: &Arc<CryptoProvider>) -> Result<Chain, String> {
     let shown = &server.shown;
     let mut socket = match &server.proxy {
         None => connect(&server.host, server.port)
@@ -197,8 +194,10 @@ fn presented_chain(
         tls.complete_io(&mut socket)
             .map_err(|e| format!("no TLS handshake with {shown}: {e}"))?;
     }
-    let chain = recorder.chain.lock().map(|c| c.clone()).unwrap_or_default();
-    Ok(chain)
+    // rustls asks the verifier whenever a handshake completes without resumption (and
+    // this configuration resumes nothing), so a finished handshake has left its chain.
+    let chain = recorder.chain.lock().ok().and_then(|c| c.clone());
+    chain.ok_or_else(|| format!("{shown} presented no certificate"))
 }
 
 fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
@@ -252,7 +251,7 @@ fn tunnel(proxy: &str, proxy_port: u16, host: &str, port: u16) -> std::io::Resul
 #[derive(Debug)]
 struct Recorder {
     provider: Arc<CryptoProvider>,
-    chain: Mutex<Vec<CertificateDer<'static>>>,
+    chain: Mutex<Option<Chain>>,
 }
 
 impl ServerCertVerifier for Recorder {
@@ -265,10 +264,13 @@ impl ServerCertVerifier for Recorder {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         if let Ok(mut chain) = self.chain.lock() {
-            *chain = std::iter::once(end_entity)
-                .chain(intermediates)
-                .map(|c| c.clone().into_owned())
-                .collect();
+            *chain = Some((
+                end_entity.clone().into_owned(),
+                intermediates
+                    .iter()
+                    .map(|c| c.clone().into_owned())
+                    .collect(),
+            ));
         }
         Ok(ServerCertVerified::assertion())
     }
@@ -339,6 +341,11 @@ mod tests {
         assert_eq!(s.name, ServerName::try_from("kubernetes.default").unwrap());
         assert_eq!(s.proxy, Some(("proxy".to_string(), 3128)));
         assert!(Server::of(&cluster("ftp://x")).is_err());
+        // An http:// server takes no CA data at all: nothing to check, nothing to hold.
+        let s = Server::of(&cluster("http://127.0.0.1:1")).unwrap();
+        assert_eq!((s.plain, s.port), (true, 1));
+        assert_eq!(Server::of(&cluster("http://10.0.0.1")).unwrap().port, 80);
+        assert!(check(&s, b"", b"").allows_removal());
         named.proxy_url = Some("socks5://proxy:1080".into());
         assert!(
             Server::of(&named)
