@@ -374,4 +374,170 @@ mod tests {
             matches!(check(&s, b"", b""), Verdict::Unreachable(why) if why.contains("cannot connect"))
         );
     }
+
+    /// A CA, and a server certificate for 127.0.0.1 issued by it (key and chain).
+    fn ca_and_server() -> (String, (Vec<CertificateDer<'static>>, Vec<u8>)) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (ca_pem, (vec![leaf.der().clone()], key.serialize_der()))
+    }
+
+    /// A TLS server on loopback whose n-th connection presents `presented[n % len]`.
+    fn tls_server(presented: Vec<(Vec<CertificateDer<'static>>, Vec<u8>)>) -> u16 {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let configs: Vec<_> = presented
+            .into_iter()
+            .map(|(chain, key)| {
+                let key = rustls::pki_types::PrivatePkcs8KeyDer::from(key).into();
+                Arc::new(
+                    rustls::ServerConfig::builder_with_provider(provider.clone())
+                        .with_safe_default_protocol_versions()
+                        .unwrap()
+                        .with_no_client_auth()
+                        .with_single_cert(chain, key)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for (n, socket) in listener.incoming().enumerate() {
+                let Ok(mut socket) = socket else { continue };
+                let config = configs[n % configs.len()].clone();
+                std::thread::spawn(move || {
+                    let mut tls = rustls::ServerConnection::new(config).unwrap();
+                    while tls.is_handshaking() {
+                        if tls.complete_io(&mut socket).is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tls.complete_io(&mut socket);
+                });
+            }
+        });
+        port
+    }
+
+    /// An HTTP proxy on loopback that answers CONNECT with `status` and, when it is 200,
+    /// relays to the port asked for. Counts the CONNECTs it was asked.
+    fn proxy(status: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
+        use std::net::TcpListener;
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = asked.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(client.try_clone().unwrap());
+                    let mut request = String::new();
+                    reader.read_line(&mut request).unwrap();
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                            break;
+                        }
+                    }
+                    seen.lock().unwrap().push(request.trim().to_string());
+                    let mut client = client;
+                    // A head of several lines, as a real proxy sends.
+                    write!(client, "HTTP/1.1 {status}\r\nVia: test\r\nX-A: b\r\n\r\n").unwrap();
+                    if !status.starts_with("200") {
+                        return;
+                    }
+                    let target = request.split_whitespace().nth(1).unwrap().to_string();
+                    let upstream = TcpStream::connect(target).unwrap();
+                    let (mut up_r, mut up_w) = (upstream.try_clone().unwrap(), upstream);
+                    let (mut cl_r, mut cl_w) = (client.try_clone().unwrap(), client);
+                    std::thread::spawn(move || std::io::copy(&mut up_r, &mut cl_w));
+                    let _ = std::io::copy(&mut cl_r, &mut up_w);
+                });
+            }
+        });
+        (port, asked)
+    }
+
+    #[test]
+    fn every_connection_must_verify_against_the_new_data_before_the_old_may_go() {
+        let (old_ca, old_server) = ca_and_server();
+        let (new_ca, new_server) = ca_and_server();
+        let at = |port: u16| Server::of(&cluster(&format!("https://127.0.0.1:{port}"))).unwrap();
+        // Still on the old CA: the new data does not verify, the old does.
+        let port = tls_server(vec![old_server.clone()]);
+        let verdict = check(&at(port), new_ca.as_bytes(), old_ca.as_bytes());
+        assert_eq!(
+            verdict,
+            Verdict::Verified {
+                new: false,
+                old: true
+            }
+        );
+        assert!(!verdict.allows_removal());
+        // Moved to the new CA.
+        let port = tls_server(vec![new_server.clone()]);
+        let verdict = check(&at(port), new_ca.as_bytes(), old_ca.as_bytes());
+        assert_eq!(
+            verdict,
+            Verdict::Verified {
+                new: true,
+                old: false
+            }
+        );
+        // In the middle of a rollout behind a balancer, one connection in three still
+        // meets the old CA, whichever it is: neither set verifies every connection.
+        for first in 0..CONNECTIONS {
+            let mut presented = vec![new_server.clone(); CONNECTIONS];
+            presented[first] = old_server.clone();
+            let port = tls_server(presented);
+            let verdict = check(&at(port), new_ca.as_bytes(), old_ca.as_bytes());
+            assert_eq!(
+                verdict,
+                Verdict::Verified {
+                    new: false,
+                    old: false
+                },
+                "old CA at {first}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_server_is_reached_through_its_proxy_and_a_refusing_proxy_is_unreachable() {
+        let (ca, server) = ca_and_server();
+        let port = tls_server(vec![server]);
+        let (proxy_port, asked) = proxy("200 Connection established");
+        let mut through = cluster(&format!("https://127.0.0.1:{port}"));
+        through.proxy_url = Some(format!("http://127.0.0.1:{proxy_port}"));
+        let verdict = check(&Server::of(&through).unwrap(), ca.as_bytes(), b"");
+        assert_eq!(
+            verdict,
+            Verdict::Verified {
+                new: true,
+                old: false
+            }
+        );
+        assert_eq!(
+            asked.lock().unwrap().clone(),
+            vec![format!("CONNECT 127.0.0.1:{port} HTTP/1.1"); CONNECTIONS]
+        );
+        let (refusing, _) = proxy("403 Forbidden");
+        through.proxy_url = Some(format!("http://127.0.0.1:{refusing}"));
+        let verdict = check(&Server::of(&through).unwrap(), ca.as_bytes(), b"");
+        assert!(
+            matches!(&verdict, Verdict::Unreachable(why) if why.contains("the proxy answered HTTP/1.1 403 Forbidden")),
+            "{verdict:?}"
+        );
+    }
 }
