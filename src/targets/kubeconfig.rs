@@ -263,14 +263,7 @@ impl Kubeconfig {
             .map(readable_certificates)
             .unwrap_or_default();
         let now_unix = now.unix_timestamp();
-        self.status.file_valid = current.iter().any(|c| c.is_valid_at(now_unix));
-        self.status.file_problem = (!self.status.file_valid).then(|| {
-            format!(
-                "the CA data of its cluster {} holds no certificate valid now",
-                cluster.name
-            )
-        });
-        self.status.certificates = current.clone();
+        self.judge(&current, &cluster.name, now_unix);
 
         let unread: Vec<&str> = self
             .slots
@@ -321,14 +314,13 @@ impl Kubeconfig {
                 self.start_check(server.clone(), about, new, old);
             }
             // The next check, whatever else happens meanwhile (one running calls for its
-            // pass when it ends).
+            // pass when it ends). Here no check is due, so the last began under
+            // RECHECK_EVERY ago.
             if self.running.is_none()
                 && server.is_ok()
                 && let Some(asked) = &self.asked
             {
-                let floor = Instant::now() + Duration::from_secs(1);
-                self.schedule
-                    .retry_by((asked.at + plan::RECHECK_EVERY).max(floor));
+                self.schedule.retry_by(asked.at + plan::RECHECK_EVERY);
             }
         }
         if !plan.unchanged(&current)
@@ -350,7 +342,18 @@ impl Kubeconfig {
             let why = self.held_why(&server, about);
             self.problem(None, why);
         }
-        self.status.certificates = plan.ca;
+        // What the file holds now, written or already so.
+        self.judge(&plan.ca, &cluster.name, now_unix);
+    }
+
+    /// The status of the CA data the file holds: its certificates, and whether one is
+    /// valid now.
+    fn judge(&mut self, ca: &[Certificate], cluster: &str, now_unix: i64) {
+        self.status.file_valid = ca.iter().any(|c| c.is_valid_at(now_unix));
+        self.status.file_problem = (!self.status.file_valid).then(|| {
+            format!("the CA data of its cluster {cluster} holds no certificate valid now")
+        });
+        self.status.certificates = ca.to_vec();
     }
 
     /// Records the file's SHA-256 in `managed-files.json` when it changed.
@@ -570,5 +573,101 @@ impl Kept for Kubeconfig {
     #[cfg(test)]
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundle::test_certs;
+    use std::fs;
+
+    #[test]
+    fn a_held_removal_is_checked_again_ten_seconds_after_the_last_check_and_the_problem_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let old = test_certs::ca(Some("apiserver-ca-old"), None, now - 7200, now - 3600);
+        let new = test_certs::ca(Some("apiserver-ca-new"), None, now - 60, now + 86400);
+        // A server nobody listens on: each check ends at once, unreachable.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let path = dir.path().join("kubeconfig");
+        let kubeconfig = |pem: &[u8]| {
+            use base64::Engine;
+            format!(
+                "clusters:\n- name: local\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {}\n",
+                base64::engine::general_purpose::STANDARD.encode(pem)
+            )
+        };
+        fs::write(&path, kubeconfig(old.pem())).unwrap();
+        let source = dir.path().join("new.pem");
+        fs::write(&source, new.pem()).unwrap();
+        let spec = config::ManageSpec {
+            path: path.clone(),
+            sources: vec![format!("file:{}", source.display()).parse().unwrap()],
+        };
+        let state = dir.path().join("state");
+        let common = config::Common::for_tests(&dir.path().join("bundle"), &state, vec![]);
+        let (wakes, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        let mut target = Kubeconfig::new(
+            &spec,
+            0,
+            &common,
+            None,
+            Wake::new(0, wakes),
+            Arc::default(),
+            Book::open(&state, &[]),
+        );
+        let mut created = CreatedRecord::default();
+        target.start(&mut created);
+        // The new CA is written at once, the expired old one held until a check says so.
+        assert_eq!(target.status.removal_held, Some(true));
+        assert_eq!(
+            target.status.file_problem, None,
+            "the new CA data is valid now"
+        );
+        assert!(target.running.is_some(), "a check was started");
+        assert_eq!(
+            woken.blocking_recv(),
+            Some(0),
+            "the check asks for a pass when it ends"
+        );
+        target.reconcile(&mut created);
+        assert!(target.running.is_none());
+        let asked = target.asked.clone().unwrap();
+        assert!(matches!(target.verdict, Some((_, Verdict::Unreachable(_)))));
+        // The next check is ten seconds after the last began, not sooner: no pass before.
+        assert_eq!(
+            target.schedule().next_due(),
+            Some(asked.at + plan::RECHECK_EVERY)
+        );
+
+        // CA data that holds only an expired certificate is named as the problem.
+        let mut target = Kubeconfig::new(
+            &config::ManageSpec {
+                path: path.clone(),
+                sources: vec![
+                    format!("file:{}", dir.path().join("absent.pem").display())
+                        .parse()
+                        .unwrap(),
+                ],
+            },
+            0,
+            &common,
+            None,
+            Wake::none(),
+            Arc::default(),
+            Book::open(&state, &[]),
+        );
+        fs::write(&path, kubeconfig(old.pem())).unwrap();
+        target.start(&mut created);
+        assert!(!target.status.file_valid);
+        assert_eq!(
+            target.status.file_problem.as_deref(),
+            Some("the CA data of its cluster local holds no certificate valid now")
+        );
     }
 }
