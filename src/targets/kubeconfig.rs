@@ -635,7 +635,17 @@ mod tests {
             Some(0),
             "the check asks for a pass when it ends"
         );
+        // A pass that changes nothing writes nothing: not the kubeconfig, not the record.
+        let inode = |name: &str| {
+            use std::os::unix::fs::MetadataExt;
+            fs::metadata(dir.path().join(name)).unwrap().ino()
+        };
+        let before = (inode("kubeconfig"), inode("state/managed-files.json"));
         target.reconcile(&mut created);
+        assert_eq!(
+            (inode("kubeconfig"), inode("state/managed-files.json")),
+            before
+        );
         assert!(target.running.is_none());
         let asked = target.asked.clone().unwrap();
         assert!(matches!(target.verdict, Some((_, Verdict::Unreachable(_)))));
