@@ -19,6 +19,8 @@ pub struct Plan {
     /// Certificates on disk that the sources no longer carry and that stay until a check
     /// allows their removal.
     pub held: Vec<Certificate>,
+    /// How many certificates on disk go: those the sources dropped, once allowed.
+    pub removed: usize,
 }
 
 impl Plan {
@@ -39,10 +41,10 @@ impl Plan {
 pub fn plan(on_disk: &[Certificate], desired: &[Certificate], removal_allowed: bool) -> Plan {
     let diff = crate::bundle::diff(on_disk, desired);
     let added: Vec<Certificate> = diff.added.into_iter().cloned().collect();
-    let held: Vec<Certificate> = if removal_allowed {
-        Vec::new()
+    let (held, removed): (Vec<Certificate>, usize) = if removal_allowed {
+        (Vec::new(), diff.removed.len())
     } else {
-        diff.removed.into_iter().cloned().collect()
+        (diff.removed.into_iter().cloned().collect(), 0)
     };
     // Held with nothing added: the CA data stays as it is (reordering it would be a write
     // that changes no trust).
@@ -51,7 +53,12 @@ pub fn plan(on_disk: &[Certificate], desired: &[Certificate], removal_allowed: b
     } else {
         desired.iter().chain(&held).cloned().collect()
     };
-    Plan { ca, added, held }
+    Plan {
+        ca,
+        added,
+        held,
+        removed,
+    }
 }
 
 /// A check of the server that was made, or is being made, and what for.
@@ -103,6 +110,7 @@ mod tests {
         assert_eq!(names(&held.ca), ["b", "a"]);
         assert_eq!(names(&held.added), ["b"]);
         assert_eq!(names(&held.held), ["a"]);
+        assert_eq!(held.removed, 0);
         assert!(!held.unchanged(&one(&a)));
         // Once written, the next pass changes nothing while the removal is held.
         let again = plan(&held.ca, &one(&b), false);
@@ -117,8 +125,15 @@ mod tests {
         let allowed = plan(&held.ca, &one(&b), true);
         assert_eq!(names(&allowed.ca), ["b"]);
         assert!(allowed.held.is_empty());
+        assert_eq!(allowed.removed, 1);
+        // Two dropped and one added at once, allowed: two go.
+        let replaced = plan(&[a.clone(), b.clone()], &one(&c), true);
+        assert_eq!(
+            (names(&replaced.ca), replaced.removed),
+            (vec!["c".to_string()], 2)
+        );
         // Only additions: nothing to hold, whatever the check says.
-        let grown = plan(&one(&a), &[a.clone(), c], false);
+        let grown = plan(&one(&a), &[a.clone(), c.clone()], false);
         assert_eq!(names(&grown.ca), ["a", "c"]);
         assert!(grown.held.is_empty());
         // The same certificates in another order are written in the sources' order.

@@ -323,8 +323,13 @@ impl Kubeconfig {
                 self.schedule.retry_by(asked.at + plan::RECHECK_EVERY);
             }
         }
-        if !plan.unchanged(&current)
-            && !self.write(&document, &cluster, &plan, &current, bytes, stat)
+        // Something else changed the CA data this agent left, and no source change explains
+        // the write: a repair.
+        let repair = self.pending_since.is_none()
+            && self
+                .last_written
+                .is_some_and(|left| left != about_written(&current));
+        if !plan.unchanged(&current) && !self.write(&document, &cluster, &plan, repair, bytes, stat)
         {
             return;
         }
@@ -416,7 +421,7 @@ impl Kubeconfig {
         document: &Document,
         cluster: &Cluster,
         plan: &plan::Plan,
-        current: &[Certificate],
+        repair: bool,
         bytes: &[u8],
         stat: &crate::fsutil::Stat,
     ) -> bool {
@@ -440,8 +445,6 @@ impl Kubeconfig {
             bytes: bytes.to_vec(),
             stat: *stat,
         };
-        let repair =
-            self.last_written == Some(about_written(&plan.ca)) && self.pending_since.is_none();
         match writer.write(&edited, &on_disk, None) {
             Ok(Outcome::Replaced { .. }) => {
                 self.write_retry.clear();
@@ -456,6 +459,7 @@ impl Kubeconfig {
                 self.metrics.writes.get_or_create(&labels).inc();
                 if repair {
                     self.metrics.repairs.get_or_create(&labels).inc();
+                    tracing::warn!(kubeconfig = %self.filepath, "repaired the CA data of its cluster: something else had changed it");
                 }
                 if let Some(since) = self.pending_since {
                     self.metrics
@@ -463,12 +467,11 @@ impl Kubeconfig {
                         .observe(since.elapsed().as_secs_f64());
                 }
                 self.status.sha256 = Some(Fingerprint::of(&edited).to_hex());
-                let removed = current.len() + plan.added.len() - plan.ca.len();
                 tracing::info!(
                     kubeconfig = %self.filepath,
                     cluster = %cluster.name,
                     added = plan.added.len(),
-                    removed,
+                    removed = plan.removed,
                     kept = plan.held.len(),
                     certificates = plan.ca.len(),
                     "replaced the CA data of its cluster"
@@ -582,48 +585,99 @@ mod tests {
     use crate::bundle::test_certs;
     use std::fs;
 
+    /// A kubeconfig in a temporary directory, kept from file sources, whose server nobody
+    /// listens on (each check ends at once, unreachable).
+    struct Node {
+        dir: tempfile::TempDir,
+        port: u16,
+        metrics: Arc<Metrics>,
+    }
+
+    impl Node {
+        fn new() -> Node {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            Node {
+                dir: tempfile::tempdir().unwrap(),
+                port,
+                metrics: Arc::default(),
+            }
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+
+        /// Writes the kubeconfig, its cluster's CA data being `certs`.
+        fn kubeconfig(&self, certs: &[&Certificate]) {
+            use base64::Engine;
+            let pem: Vec<u8> = certs.iter().flat_map(|c| c.pem().to_vec()).collect();
+            let data = base64::engine::general_purpose::STANDARD.encode(pem);
+            let text = format!(
+                "clusters:\n- name: local\n  cluster:\n    server: https://127.0.0.1:{}\n    certificate-authority-data: {data}\n",
+                self.port
+            );
+            fs::write(self.path("kubeconfig"), text).unwrap();
+        }
+
+        /// The target of the kubeconfig, from the source file `source`.
+        fn target(&self, source: &str, wake: Wake) -> Kubeconfig {
+            let spec = config::ManageSpec {
+                path: self.path("kubeconfig"),
+                sources: vec![
+                    format!("file:{}", self.path(source).display())
+                        .parse()
+                        .unwrap(),
+                ],
+            };
+            let state = self.path("state");
+            let common = config::Common::for_tests(&self.path("bundle"), &state, vec![]);
+            let book = Book::open(&state, &[]);
+            Kubeconfig::new(&spec, 0, &common, None, wake, self.metrics.clone(), book)
+        }
+
+        /// Writes and repairs counted.
+        fn counted(&self) -> (u64, u64) {
+            let labels = FileLabels {
+                filepath: self.path("kubeconfig").display().to_string(),
+            };
+            (
+                self.metrics.writes.get_or_create(&labels).get(),
+                self.metrics.repairs.get_or_create(&labels).get(),
+            )
+        }
+
+        fn on_disk(&self) -> Vec<String> {
+            let bytes = fs::read(self.path("kubeconfig")).unwrap();
+            let ca = Document::parse(&bytes).unwrap().cluster().ca_data.clone();
+            readable_certificates(&ca.unwrap_or_default())
+                .iter()
+                .map(|c| c.subject_cn.clone())
+                .collect()
+        }
+    }
+
+    fn ca(name: &str, from: i64, to: i64) -> Certificate {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        test_certs::ca(Some(name), None, now + from, now + to)
+    }
+
     #[test]
     fn a_held_removal_is_checked_again_ten_seconds_after_the_last_check_and_the_problem_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        let old = test_certs::ca(Some("apiserver-ca-old"), None, now - 7200, now - 3600);
-        let new = test_certs::ca(Some("apiserver-ca-new"), None, now - 60, now + 86400);
-        // A server nobody listens on: each check ends at once, unreachable.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let path = dir.path().join("kubeconfig");
-        let kubeconfig = |pem: &[u8]| {
-            use base64::Engine;
-            format!(
-                "clusters:\n- name: local\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {}\n",
-                base64::engine::general_purpose::STANDARD.encode(pem)
-            )
-        };
-        fs::write(&path, kubeconfig(old.pem())).unwrap();
-        let source = dir.path().join("new.pem");
-        fs::write(&source, new.pem()).unwrap();
-        let spec = config::ManageSpec {
-            path: path.clone(),
-            sources: vec![format!("file:{}", source.display()).parse().unwrap()],
-        };
-        let state = dir.path().join("state");
-        let common = config::Common::for_tests(&dir.path().join("bundle"), &state, vec![]);
+        let node = Node::new();
+        let old = ca("apiserver-ca-old", -7200, -3600);
+        let new = ca("apiserver-ca-new", -60, 86400);
+        node.kubeconfig(&[&old]);
+        fs::write(node.path("new.pem"), new.pem()).unwrap();
         let (wakes, mut woken) = tokio::sync::mpsc::unbounded_channel();
-        let mut target = Kubeconfig::new(
-            &spec,
-            0,
-            &common,
-            None,
-            Wake::new(0, wakes),
-            Arc::default(),
-            Book::open(&state, &[]),
-        );
+        let mut target = node.target("new.pem", Wake::new(0, wakes));
         let mut created = CreatedRecord::default();
         target.start(&mut created);
         // The new CA is written at once, the expired old one held until a check says so.
+        assert_eq!(node.on_disk(), ["apiserver-ca-new", "apiserver-ca-old"]);
         assert_eq!(target.status.removal_held, Some(true));
         assert_eq!(
             target.status.file_problem, None,
@@ -638,7 +692,7 @@ mod tests {
         // A pass that changes nothing writes nothing: not the kubeconfig, not the record.
         let inode = |name: &str| {
             use std::os::unix::fs::MetadataExt;
-            fs::metadata(dir.path().join(name)).unwrap().ino()
+            fs::metadata(node.path(name)).unwrap().ino()
         };
         let before = (inode("kubeconfig"), inode("state/managed-files.json"));
         target.reconcile(&mut created);
@@ -656,28 +710,43 @@ mod tests {
         );
 
         // CA data that holds only an expired certificate is named as the problem.
-        let mut target = Kubeconfig::new(
-            &config::ManageSpec {
-                path: path.clone(),
-                sources: vec![
-                    format!("file:{}", dir.path().join("absent.pem").display())
-                        .parse()
-                        .unwrap(),
-                ],
-            },
-            0,
-            &common,
-            None,
-            Wake::none(),
-            Arc::default(),
-            Book::open(&state, &[]),
-        );
-        fs::write(&path, kubeconfig(old.pem())).unwrap();
+        node.kubeconfig(&[&old]);
+        let mut target = node.target("absent.pem", Wake::none());
         target.start(&mut created);
         assert!(!target.status.file_valid);
         assert_eq!(
             target.status.file_problem.as_deref(),
             Some("the CA data of its cluster local holds no certificate valid now")
         );
+    }
+
+    #[test]
+    fn a_change_made_by_something_else_is_a_repair_and_one_a_source_explains_is_not() {
+        let node = Node::new();
+        let (new, stray, newer) = (
+            ca("apiserver-ca-new", -60, 86400),
+            ca("stray-ca", -60, 86400),
+            ca("apiserver-ca-newer", -60, 86400),
+        );
+        node.kubeconfig(&[&new]);
+        fs::write(node.path("source.pem"), new.pem()).unwrap();
+        let mut target = node.target("source.pem", Wake::none());
+        let mut created = CreatedRecord::default();
+        target.start(&mut created);
+        assert_eq!(node.counted(), (0, 0), "in sync from the start");
+        // Something else puts another CA in its place: the agent's CA is written back (the
+        // stray one stays until a check allows its removal), a repair.
+        node.kubeconfig(&[&stray]);
+        target.reconcile(&mut created);
+        assert_eq!(node.on_disk(), ["apiserver-ca-new", "stray-ca"]);
+        assert_eq!(node.counted(), (1, 1));
+        // The file changed by something else while a source changes: the source's change
+        // explains the write, so no repair is counted.
+        node.kubeconfig(&[&stray]);
+        fs::write(node.path("source.pem"), newer.pem()).unwrap();
+        target.read_local(0, Instant::now());
+        target.reconcile(&mut created);
+        assert_eq!(node.on_disk(), ["apiserver-ca-newer", "stray-ca"]);
+        assert_eq!(node.counted(), (2, 1));
     }
 }
