@@ -708,6 +708,26 @@ mod tests {
             target.schedule().next_due(),
             Some(asked.at + plan::RECHECK_EVERY)
         );
+        let server = format!("https://127.0.0.1:{}", node.port);
+        let problem = || target.status.sync_problem.clone().unwrap_or_default();
+        assert!(
+            problem().starts_with(&format!(
+                "removal held: cannot verify {server}: cannot connect"
+            )),
+            "{}",
+            problem()
+        );
+        // The sources change again: the verdict about the CA data before is not this one's.
+        let newer = ca("apiserver-ca-newer", -60, 86400);
+        fs::write(node.path("new.pem"), newer.pem()).unwrap();
+        target.read_local(0, Instant::now());
+        target.reconcile(&mut created);
+        assert_eq!(
+            target.status.sync_problem.as_deref(),
+            Some(&*format!(
+                "removal held: checking that the new CA data alone verifies {server}"
+            ))
+        );
 
         // CA data that holds only an expired certificate is named as the problem.
         node.kubeconfig(&[&old]);
@@ -748,5 +768,29 @@ mod tests {
         target.reconcile(&mut created);
         assert_eq!(node.on_disk(), ["apiserver-ca-newer", "stray-ca"]);
         assert_eq!(node.counted(), (2, 1));
+    }
+
+    #[test]
+    fn the_next_boundary_is_the_next_validity_change_of_the_ca_data_capped_at_an_hour() {
+        let node = Node::new();
+        let mut target = node.target("source.pem", Wake::none());
+        assert_eq!(target.next_boundary(), BOUNDARY_RECHECK_MAX, "nothing kept");
+        // One ends now, one in 100 s, one begins in 50 s and ends in two hours.
+        target.status.certificates = vec![
+            ca("ends-now", -60, 0),
+            ca("ends-soon", -60, 100),
+            ca("begins-soon", 50, 7200),
+        ];
+        let next = target.next_boundary();
+        assert!(
+            (Duration::from_secs(48)..=Duration::from_secs(50)).contains(&next),
+            "{next:?}"
+        );
+        target.status.certificates = vec![ca("expired", -7200, -60), ca("long", -60, 7200)];
+        assert_eq!(
+            target.next_boundary(),
+            BOUNDARY_RECHECK_MAX,
+            "past, or beyond the cap"
+        );
     }
 }
