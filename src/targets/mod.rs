@@ -125,3 +125,58 @@ pub(crate) fn all(
     }
     targets
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::SourceSpec;
+
+    #[test]
+    fn each_targets_sources_are_found_at_their_place_among_all_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| dir.path().join(name);
+        let file =
+            |name: &str| -> SourceSpec { format!("file:{}", at(name).display()).parse().unwrap() };
+        let mut common = config::Common::for_tests(
+            &at("kubelet-ca.crt"),
+            &at("state"),
+            vec![file("a.pem"), file("b.pem")],
+        );
+        common.manage = vec![config::ManageSpec {
+            path: at("cloud-ca.crt"),
+            sources: vec![file("cloud.pem")],
+        }];
+        common.manage_kubeconfig = vec![config::ManageSpec {
+            path: at("kubeconfig"),
+            sources: vec![file("apiserver-a.pem"), file("apiserver-b.pem")],
+        }];
+        common.manage_registries = vec![config::RegistriesSpec {
+            dir: at("certs.d"),
+            sources: vec![file("registries.json")],
+        }];
+        let (wakes, _woken) = tokio::sync::mpsc::unbounded_channel();
+        let book = Book::open(&at("state"), &[]);
+        let targets = all(&common, &Arc::default(), &book, &wakes);
+        // The loop's sources in order: the bundle's two, the cloud CA's, the kubeconfig's
+        // two, the registry set's. Each is its own target's, at its place there.
+        let owner = |index: usize| {
+            targets
+                .iter()
+                .enumerate()
+                .find_map(|(t, target)| target.schedule().source(index).map(|local| (t, local)))
+        };
+        let owners: Vec<_> = (0..7).map(owner).collect();
+        assert_eq!(
+            owners,
+            [
+                Some((0, 0)),
+                Some((0, 1)),
+                Some((1, 0)),
+                Some((2, 0)),
+                Some((2, 1)),
+                Some((3, 0)),
+                None
+            ]
+        );
+    }
+}
