@@ -50,7 +50,11 @@ MAPPED = ("/etc/kubernetes", "/var/lib/kubelet-ca-agent")
 HARMLESS_PATHS = ("/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "-")
 # Flags of other tools that docs name on their own in prose, by file.
 FOREIGN_PROSE_FLAGS = {
-    "docs/testing.md": {"--in-place": "cargo mutants", "--timeout": "cargo mutants"},
+    "docs/testing.md": {
+        "--in-place": "cargo mutants",
+        "--timeout": "cargo mutants",
+        "--iterate": "cargo mutants",
+    },
 }
 # Programs the sandbox runs (besides kubelet-ca-agent and `kubectl kustomize`).
 SANDBOX_TOOLS = {
