@@ -27,6 +27,8 @@ pub mod state;
 pub mod status;
 pub mod systemd;
 pub mod targets;
+#[cfg(test)]
+mod testlog;
 pub mod text;
 pub mod unit_restart;
 pub mod writer;

@@ -440,6 +440,7 @@ mod records_tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::testlog::Log;
 
     /// Waits until `failures` moves past `seen`: the records thread has taken what was
     /// sent and tried again.
@@ -519,28 +520,6 @@ mod records_tests {
         assert!(managed.contains("sha-12"), "{managed}");
     }
 
-    /// The records thread's log, captured: what an operator reads in the journal.
-    #[derive(Clone, Default)]
-    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Log {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Log {
-        fn count(&self, needle: &str) -> usize {
-            String::from_utf8_lossy(&self.0.lock().unwrap())
-                .matches(needle)
-                .count()
-        }
-    }
-
     /// Runs the records thread over `state` with its log captured.
     fn serve_logged(
         state: &Path,
@@ -548,11 +527,7 @@ mod records_tests {
     ) -> (mpsc::Sender<Record>, std::thread::JoinHandle<()>, Log) {
         let keeper = Keeper::new(state, state.join("kubelet-ca.crt"), Book::open(state, &[]));
         let log = Log::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
+        let subscriber = log.subscriber();
         let (queue, records) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             tracing::subscriber::with_default(subscriber, || {

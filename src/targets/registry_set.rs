@@ -1003,10 +1003,28 @@ mod tests {
         };
         set.unknown(&created, &["dir:/nowhere".to_string()]);
         let problem = |name: &str| {
-            let path = set.path_of(name).display().to_string();
-            let status = set.statuses.iter().find(|s| s.bundle_path == path).unwrap();
+            let status = status(&set, name).unwrap();
             (status.file_valid, status.file_problem.clone())
         };
+        // Each file as it is on disk, its sync not known, and why.
+        let quay = status(&set, "quay.io").unwrap();
+        assert_eq!(
+            quay.sha256,
+            Some(Fingerprint::of(&fs::read(set.path_of("quay.io")).unwrap()).to_hex())
+        );
+        assert_eq!(quay.certificates.len(), 1);
+        assert_eq!(quay.in_sync, None);
+        assert_eq!(
+            quay.sync_problem.as_deref(),
+            Some(
+                format!(
+                    "not known yet: 1 of 1 sources not read yet (dir:/nowhere); nothing under {} is written or removed until each has been read",
+                    dir.path().join("certs.d").display()
+                )
+                .as_str()
+            )
+        );
+        assert_eq!(quay.sources.len(), 1, "the line shows the set's sources");
         assert_eq!(problem("quay.io"), (true, None));
         assert_eq!(
             problem("old.example"),
@@ -1034,5 +1052,322 @@ mod tests {
         assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
         set.boundary = Some(now + 7200);
         assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
+    }
+
+    /// A set fed by one `dir:` source, DIR/entries (a `.crt` per registry), kept under
+    /// DIR/certs.d.
+    fn fed(dir: &Path) -> RegistrySet {
+        let entries = dir.join("entries");
+        fs::create_dir_all(&entries).unwrap();
+        let spec: SourceSpec = format!("dir:{}", entries.display()).parse().unwrap();
+        let root = dir.join("certs.d");
+        let book = Book::open_with_sets(dir, &[], std::slice::from_ref(&root));
+        RegistrySet::new(&root, &[spec], 0, Arc::default(), book, dir)
+    }
+
+    /// A CA valid from `from` to `to` (unix seconds), as PEM.
+    fn ca_pem(cn: &str, from: i64, to: i64) -> Vec<u8> {
+        crate::bundle::test_certs::ca(Some(cn), None, from, to).pem().to_vec()
+    }
+
+    fn feed(dir: &Path, registry: &str, pem: &[u8]) {
+        fs::write(dir.join("entries").join(format!("{registry}.crt")), pem).unwrap();
+    }
+
+    fn status<'a>(set: &'a RegistrySet, registry: &str) -> Option<&'a Status> {
+        let path = set.path_of(registry).display().to_string();
+        set.statuses.iter().find(|s| s.bundle_path == path)
+    }
+
+    fn sync_errors(set: &RegistrySet, registry: &str, reason: &str) -> Option<u64> {
+        let labels = FileReasonLabels {
+            filepath: set.path_of(registry).display().to_string(),
+            reason: reason.to_string(),
+        };
+        set.metrics.sync_errors.get(&labels).map(|c| c.get())
+    }
+
+    #[test]
+    fn a_pass_writes_each_registry_and_says_how_its_file_stands() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        feed(dir.path(), "quay.io", &ca_pem("quay-ca", now - 60, now + 3600));
+        let mut record = CreatedRecord::default();
+        set.start(&mut record);
+        let written = fs::read(set.path_of("quay.io")).unwrap();
+        let status = status(&set, "quay.io").unwrap().clone();
+        assert_eq!(set.statuses.len(), 1);
+        assert_eq!(
+            status.sha256,
+            Some(Fingerprint::of(&written).to_hex()),
+            "the status names what is on disk"
+        );
+        assert_eq!(status.certificates.len(), 1);
+        assert_eq!(status.certificates[0].not_after, now + 3600);
+        assert!(status.file_valid);
+        assert_eq!(status.file_problem, None);
+        assert_eq!((status.in_sync, status.sync_problem), (Some(true), None));
+        assert!(status.last_sync.is_some(), "a file in sync says when");
+        assert_eq!(
+            status.sources.iter().map(|s| s.up).collect::<Vec<_>>(),
+            [true],
+            "each file's line shows the set's sources"
+        );
+        // The next recheck is when the certificate expires, the second after its last.
+        assert_eq!(set.boundary, Some(now + 3601));
+        // Its counters have their series from the first pass, at 0: an alert on their
+        // rate sees the first error.
+        let labels = FileLabels {
+            filepath: set.path_of("quay.io").display().to_string(),
+        };
+        assert_eq!(set.metrics.writes.get(&labels).map(|c| c.get()), Some(1));
+        assert_eq!(set.metrics.repairs.get(&labels).map(|c| c.get()), Some(0));
+        for reason in known::FILE_SYNC_ERRORS {
+            assert_eq!(sync_errors(&set, "quay.io", reason), Some(0), "{reason}");
+        }
+    }
+
+    #[test]
+    fn the_same_entries_again_call_for_no_pass_and_new_ones_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        feed(dir.path(), "quay.io", &ca_pem("quay-ca", now - 60, now + 3600));
+        set.start(&mut CreatedRecord::default());
+        assert!(!set.schedule.due);
+        let spec = set.slots[0].source.spec.clone();
+        let read = || Event::Content(Arc::new(local::registry_entries(&spec).unwrap()));
+        set.observe(0, read(), Instant::now());
+        assert!(!set.schedule.due, "the same entries, re-read, changed nothing");
+        feed(dir.path(), "ghcr.io", &ca_pem("ghcr-ca", now - 60, now + 3600));
+        set.observe(0, read(), Instant::now());
+        assert!(set.schedule.due);
+    }
+
+    /// Runs `describe` for what `entries` (registry, PEM) build at `now`, with `on_disk`
+    /// as the pass left it.
+    fn describe_with(
+        dir: &Path,
+        entries: &[(&str, Vec<u8>)],
+        on_disk: &[(&str, &[u8])],
+        plan: &Plan,
+        now: i64,
+    ) -> RegistrySet {
+        let mut set = fed(dir);
+        for (registry, pem) in entries {
+            feed(dir, registry, pem);
+        }
+        let read = local::registry_entries(&set.slots[0].source.spec).unwrap();
+        let built = registry::build(registry::merge([read]), now);
+        let outcome = Outcome2 {
+            on_disk: on_disk
+                .iter()
+                .map(|(name, bytes)| (name.to_string(), bytes.to_vec()))
+                .collect(),
+            ..Outcome2::default()
+        };
+        set.describe(&built, plan, &BTreeMap::new(), &outcome, now);
+        set
+    }
+
+    #[test]
+    fn a_file_missing_empty_expired_or_not_as_built_is_said_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let valid = ca_pem("valid-ca", now - 60, now + 3600);
+        let expired = ca_pem("expired-ca", now - 7200, now - 3600);
+        let entries: Vec<(&str, Vec<u8>)> = ["missing.example", "expired.example", "junk.example"]
+            .iter()
+            .map(|r| (*r, valid.clone()))
+            .collect();
+        let on_disk: [(&str, &[u8]); 2] = [
+            ("expired.example", &expired),
+            ("junk.example", b"not a certificate\n"),
+        ];
+        let set = describe_with(dir.path(), &entries, &on_disk, &Plan::default(), now);
+        let shown = |registry: &str| {
+            let s = status(&set, registry).unwrap();
+            (
+                s.file_valid,
+                s.certificates.len(),
+                s.file_problem.clone(),
+                s.sync_problem.clone(),
+            )
+        };
+        let differs = Some("the file differs from the sources".to_string());
+        let missing = set.path_of("missing.example").display().to_string();
+        assert_eq!(
+            shown("missing.example"),
+            (
+                false,
+                0,
+                Some(format!("{missing} does not exist")),
+                differs.clone()
+            )
+        );
+        // What is on disk is judged, not what was built for it.
+        assert_eq!(
+            shown("expired.example"),
+            (
+                false,
+                1,
+                Some("no certificate in the file is valid now".into()),
+                differs.clone()
+            )
+        );
+        assert_eq!(
+            shown("junk.example"),
+            (
+                false,
+                0,
+                Some("the file holds no certificate".into()),
+                differs
+            )
+        );
+    }
+
+    #[test]
+    fn a_held_removal_has_its_line_and_other_files_left_alone_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let left = |name: &str, why| registry::plan::LeftAlone {
+            name: name.to_string(),
+            why,
+        };
+        let plan = Plan {
+            left_alone: vec![
+                left("gone.example", Why::RemovalsHeld),
+                left("admins.example", Why::NotEmpty),
+            ],
+            ..Plan::default()
+        };
+        let set = describe_with(dir.path(), &[], &[], &plan, now);
+        assert_eq!(set.statuses.len(), 1);
+        let held = status(&set, "gone.example").unwrap();
+        assert!(
+            held.sync_problem
+                .as_deref()
+                .is_some_and(|p| p.contains("nothing is removed until it can")),
+            "{:?}",
+            held.sync_problem
+        );
+    }
+
+    #[test]
+    fn a_certificate_that_begins_now_is_no_boundary_to_wait_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let pem = ca_pem("quay-ca", now, now + 3600);
+        let set = describe_with(
+            dir.path(),
+            &[("quay.io", pem.clone())],
+            &[("quay.io", &pem)],
+            &Plan::default(),
+            now,
+        );
+        assert!(status(&set, "quay.io").unwrap().file_valid);
+        assert_eq!(set.boundary, Some(now + 3601));
+    }
+
+    #[test]
+    fn a_removal_of_what_is_already_gone_succeeds_and_a_directory_not_empty_stays_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let root = dir.path().join("certs.d");
+        fs::create_dir_all(root.join("full.example")).unwrap();
+        fs::write(root.join("full.example").join("admin.crt"), "admin's").unwrap();
+        let name = |n: &str| RegistryName::parse(n).unwrap();
+        let plan = Plan {
+            remove_files: vec![name("gone.example")],
+            remove_directories: vec![name("full.example"), name("absent.example")],
+            ..Plan::default()
+        };
+        let outcome = set.apply(&plan, &BTreeMap::new(), OffsetDateTime::now_utc(), Instant::now());
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(outcome.not_removed.is_empty());
+        assert_eq!(
+            outcome.dirs_kept,
+            BTreeSet::from(["full.example".to_string()]),
+            "a directory that is not empty stays in the record, to go once it is; one already gone leaves it"
+        );
+        assert_eq!(sync_errors(&set, "gone.example", "io_error"), None);
+    }
+
+    /// `chattr` on `path`, for a test that needs root and a filesystem that has the flag.
+    fn chattr(flag: &str, path: &Path) -> bool {
+        std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    #[test]
+    fn a_write_that_keeps_failing_is_counted_and_retried_ever_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        feed(dir.path(), "quay.io", &ca_pem("quay-ca", now - 60, now + 3600));
+        set.start(&mut CreatedRecord::default());
+        let ca = set.path_of("quay.io");
+        if !nix::unistd::geteuid().is_root() || !chattr("+i", &ca) {
+            eprintln!("skipped: chattr +i needs root and a filesystem that has it");
+            return;
+        }
+        let plan = Plan {
+            writes: vec![registry::plan::Write {
+                name: RegistryName::parse("quay.io").unwrap(),
+                bytes: ca_pem("next-ca", now - 60, now + 3600),
+                creates: false,
+            }],
+            ..Plan::default()
+        };
+        let found = BTreeMap::new();
+        let first = Instant::now();
+        let failed = set.apply(&plan, &found, OffsetDateTime::now_utc(), first);
+        let until = set.write_retry.until;
+        // Within the wait, the write waits; after it, it is tried again.
+        let waited = set.apply(&plan, &found, OffsetDateTime::now_utc(), first + Duration::from_millis(500));
+        let second = first + Duration::from_secs(2);
+        let failed_again = set.apply(&plan, &found, OffsetDateTime::now_utc(), second);
+        let grown = set.write_retry.until;
+        chattr("-i", &ca);
+        assert!(failed.errors.contains_key("quay.io"), "{failed:?}");
+        assert_eq!(until, Some(first + Duration::from_secs(1)));
+        assert!(waited.waiting.contains_key("quay.io"), "{waited:?}");
+        assert!(failed_again.errors.contains_key("quay.io"));
+        assert_eq!(
+            grown,
+            Some(second + Duration::from_secs(2)),
+            "the wait doubles while the same write keeps failing"
+        );
+        assert_eq!(sync_errors(&set, "quay.io", "permission_denied"), Some(2));
+    }
+
+    #[test]
+    fn a_shadowed_entry_is_logged_once_while_it_lasts() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+        for source in [&first, &second] {
+            fs::create_dir(source).unwrap();
+            fs::write(source.join("quay.io.crt"), ca_pem("quay-ca", now - 60, now + 3600)).unwrap();
+        }
+        let specs: Vec<SourceSpec> = [&first, &second]
+            .iter()
+            .map(|d| format!("dir:{}", d.display()).parse().unwrap())
+            .collect();
+        let root = dir.path().join("certs.d");
+        let book = Book::open_with_sets(dir.path(), &[], std::slice::from_ref(&root));
+        let mut set = RegistrySet::new(&root, &specs, 0, Arc::default(), book, dir.path());
+        let mut record = CreatedRecord::default();
+        let ((), log) = crate::testlog::Log::capture(|| set.start(&mut record));
+        let shadowed = "(the first source wins)";
+        assert_eq!(log.count(shadowed), 1, "{}", log.text());
+        set.built = None;
+        let ((), log) = crate::testlog::Log::capture(|| set.reconcile(&mut record));
+        assert_eq!(log.count(shadowed), 0, "said once while it lasts: {}", log.text());
     }
 }
