@@ -1050,6 +1050,12 @@ mod tests {
         // Passed, or further than the cap: the cap.
         set.boundary = Some(now - 5);
         assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
+        set.boundary = Some(now);
+        assert_eq!(
+            set.next_boundary(),
+            BOUNDARY_RECHECK_MAX,
+            "this second is past"
+        );
         set.boundary = Some(now + 7200);
         assert_eq!(set.next_boundary(), BOUNDARY_RECHECK_MAX);
     }
@@ -1067,7 +1073,9 @@ mod tests {
 
     /// A CA valid from `from` to `to` (unix seconds), as PEM.
     fn ca_pem(cn: &str, from: i64, to: i64) -> Vec<u8> {
-        crate::bundle::test_certs::ca(Some(cn), None, from, to).pem().to_vec()
+        crate::bundle::test_certs::ca(Some(cn), None, from, to)
+            .pem()
+            .to_vec()
     }
 
     fn feed(dir: &Path, registry: &str, pem: &[u8]) {
@@ -1092,7 +1100,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut set = fed(dir.path());
         let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(dir.path(), "quay.io", &ca_pem("quay-ca", now - 60, now + 3600));
+        feed(
+            dir.path(),
+            "quay.io",
+            &ca_pem("quay-ca", now - 60, now + 3600),
+        );
         let mut record = CreatedRecord::default();
         set.start(&mut record);
         let written = fs::read(set.path_of("quay.io")).unwrap();
@@ -1133,14 +1145,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut set = fed(dir.path());
         let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(dir.path(), "quay.io", &ca_pem("quay-ca", now - 60, now + 3600));
+        feed(
+            dir.path(),
+            "quay.io",
+            &ca_pem("quay-ca", now - 60, now + 3600),
+        );
         set.start(&mut CreatedRecord::default());
         assert!(!set.schedule.due);
         let spec = set.slots[0].source.spec.clone();
         let read = || Event::Content(Arc::new(local::registry_entries(&spec).unwrap()));
         set.observe(0, read(), Instant::now());
-        assert!(!set.schedule.due, "the same entries, re-read, changed nothing");
-        feed(dir.path(), "ghcr.io", &ca_pem("ghcr-ca", now - 60, now + 3600));
+        assert!(
+            !set.schedule.due,
+            "the same entries, re-read, changed nothing"
+        );
+        feed(
+            dir.path(),
+            "ghcr.io",
+            &ca_pem("ghcr-ca", now - 60, now + 3600),
+        );
         set.observe(0, read(), Instant::now());
         assert!(set.schedule.due);
     }
@@ -1283,7 +1306,12 @@ mod tests {
             remove_directories: vec![name("full.example"), name("absent.example")],
             ..Plan::default()
         };
-        let outcome = set.apply(&plan, &BTreeMap::new(), OffsetDateTime::now_utc(), Instant::now());
+        let outcome = set.apply(
+            &plan,
+            &BTreeMap::new(),
+            OffsetDateTime::now_utc(),
+            Instant::now(),
+        );
         assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
         assert!(outcome.not_removed.is_empty());
         assert_eq!(
@@ -1309,7 +1337,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut set = fed(dir.path());
         let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(dir.path(), "quay.io", &ca_pem("quay-ca", now - 60, now + 3600));
+        feed(
+            dir.path(),
+            "quay.io",
+            &ca_pem("quay-ca", now - 60, now + 3600),
+        );
         set.start(&mut CreatedRecord::default());
         let ca = set.path_of("quay.io");
         if !nix::unistd::geteuid().is_root() || !chattr("+i", &ca) {
@@ -1329,7 +1361,12 @@ mod tests {
         let failed = set.apply(&plan, &found, OffsetDateTime::now_utc(), first);
         let until = set.write_retry.until;
         // Within the wait, the write waits; after it, it is tried again.
-        let waited = set.apply(&plan, &found, OffsetDateTime::now_utc(), first + Duration::from_millis(500));
+        let waited = set.apply(
+            &plan,
+            &found,
+            OffsetDateTime::now_utc(),
+            first + Duration::from_millis(500),
+        );
         let second = first + Duration::from_secs(2);
         let failed_again = set.apply(&plan, &found, OffsetDateTime::now_utc(), second);
         let grown = set.write_retry.until;
@@ -1353,7 +1390,11 @@ mod tests {
         let (first, second) = (dir.path().join("first"), dir.path().join("second"));
         for source in [&first, &second] {
             fs::create_dir(source).unwrap();
-            fs::write(source.join("quay.io.crt"), ca_pem("quay-ca", now - 60, now + 3600)).unwrap();
+            fs::write(
+                source.join("quay.io.crt"),
+                ca_pem("quay-ca", now - 60, now + 3600),
+            )
+            .unwrap();
         }
         let specs: Vec<SourceSpec> = [&first, &second]
             .iter()
@@ -1368,6 +1409,92 @@ mod tests {
         assert_eq!(log.count(shadowed), 1, "{}", log.text());
         set.built = None;
         let ((), log) = crate::testlog::Log::capture(|| set.reconcile(&mut record));
-        assert_eq!(log.count(shadowed), 0, "said once while it lasts: {}", log.text());
+        assert_eq!(
+            log.count(shadowed),
+            0,
+            "said once while it lasts: {}",
+            log.text()
+        );
+    }
+
+    #[test]
+    fn the_same_entries_are_built_again_only_once_a_validity_boundary_has_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        feed(
+            dir.path(),
+            "quay.io",
+            &ca_pem("quay-ca", now - 60, now + 3600),
+        );
+        let mut record = CreatedRecord::default();
+        set.start(&mut record);
+        let (merged, built) = set.built.clone().unwrap();
+        assert!(!built.desired.files.is_empty());
+        // A stand-in for what was built before, to see whether it is built again.
+        let before = registry::Built::default();
+        set.built = Some((merged.clone(), before.clone()));
+        set.boundary = Some(now + 3600);
+        set.reconcile(&mut record);
+        assert_eq!(set.built.as_ref().unwrap().1, before, "not built again");
+        set.built = Some((merged, before.clone()));
+        set.boundary = Some(now - 1);
+        set.reconcile(&mut record);
+        assert_eq!(
+            set.built.as_ref().unwrap().1.desired,
+            built.desired,
+            "built again"
+        );
+    }
+
+    #[test]
+    fn a_change_is_pending_until_every_file_is_in_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        feed(
+            dir.path(),
+            "quay.io",
+            &ca_pem("quay-ca", now - 60, now + 3600),
+        );
+        let mut record = CreatedRecord::default();
+        set.start(&mut record);
+        assert_eq!(set.pending_since, None, "written: nothing pending");
+        // Something else changes the file while repairs back off: the repair waits, with
+        // no error, and what is pending stays pending (its sync time is measured from it).
+        fs::write(set.path_of("quay.io"), "changed by something else\n").unwrap();
+        set.repair.until = Some(Instant::now() + Duration::from_secs(3600));
+        let since = Instant::now();
+        set.pending_since = Some(since);
+        set.reconcile(&mut record);
+        let quay = status(&set, "quay.io").unwrap();
+        assert!(
+            quay.sync_problem
+                .as_deref()
+                .is_some_and(|p| p.contains("repairs back off")),
+            "{:?}",
+            quay.sync_problem
+        );
+        assert_eq!(set.pending_since, Some(since));
+    }
+
+    #[test]
+    fn a_registry_directory_holds_others_when_anything_but_its_ca_and_the_agents_temporary_files_is_there()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("quay.io");
+        assert!(
+            holds_others(&registry),
+            "one that cannot be read is not taken for empty"
+        );
+        fs::create_dir(&registry).unwrap();
+        assert!(!holds_others(&registry));
+        fs::write(registry.join(registry::plan::CA_FILE), "ca").unwrap();
+        // The name a write of this agent's gives its temporary file.
+        let temp = registry.join(".ca.crt.kubelet-ca-agent-tmp.4242.x1");
+        fs::write(&temp, "a killed write's").unwrap();
+        assert!(!holds_others(&registry));
+        fs::write(registry.join("client.cert"), "an admin's").unwrap();
+        assert!(holds_others(&registry));
     }
 }
