@@ -507,7 +507,7 @@ mod records_tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        thread.join().unwrap();
+        ends(thread);
         let saved: Vec<String> = History::new(&state)
             .list()
             .unwrap()
@@ -518,6 +518,21 @@ mod records_tests {
         assert_eq!(saved, newest);
         let managed = fs::read_to_string(state.join("managed-files.json")).unwrap();
         assert!(managed.contains("sha-12"), "{managed}");
+    }
+
+    /// Waits for the records thread to end, as it must once its queue is closed and what
+    /// was left in it had its last try: a thread still running after 10 s fails the test
+    /// (a thread that never ends holds the agent's stop until its deadline).
+    fn ends(thread: std::thread::JoinHandle<()>) {
+        let start = Instant::now();
+        while !thread.is_finished() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the records thread did not end once its queue was closed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        thread.join().unwrap();
     }
 
     /// Runs the records thread over `state` with its log captured.
@@ -556,7 +571,7 @@ mod records_tests {
                 .unwrap();
         }
         drop(queue);
-        thread.join().unwrap();
+        ends(thread);
         assert_eq!(failures.load(Ordering::SeqCst), 0);
         assert_eq!(History::new(dir.path()).list().unwrap().len(), 3);
         assert_eq!(
@@ -589,7 +604,7 @@ mod records_tests {
         // Records after the recovery are plain successes.
         queue.send(Record::ManagedFiles("sha-2".into())).unwrap();
         drop(queue);
-        thread.join().unwrap();
+        ends(thread);
         assert_eq!(failures.load(Ordering::SeqCst), 1);
         assert_eq!(
             log.count(RECOVERED),
