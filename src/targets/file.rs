@@ -729,3 +729,62 @@ impl Kept for Managed {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    use super::*;
+
+    /// A `--manage` file (or, with `bundle`, the bundle) at DIR/ca.crt, kept from the
+    /// sources `specs`, with its state in DIR/state.
+    fn managed(dir: &Path, bundle: bool, specs: &[SourceSpec]) -> Managed {
+        let state = dir.join("state");
+        fs::create_dir_all(&state).unwrap();
+        let common = crate::config::Common::for_tests(&dir.join("ca.crt"), &state, specs.to_vec());
+        let target = Target::new(&common);
+        Managed::new(
+            bundle,
+            target,
+            specs,
+            0,
+            common.policy(),
+            None,
+            Arc::default(),
+        )
+    }
+
+    fn sync_errors(file: &Managed, reason: &str) -> u64 {
+        let labels = FileReasonLabels {
+            filepath: file.file.filepath.clone(),
+            reason: reason.to_string(),
+        };
+        file.metrics.sync_errors.get(&labels).map_or(0, |c| c.get())
+    }
+
+    #[test]
+    fn a_source_without_credentials_is_a_sync_that_cannot_happen_and_other_failures_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec: SourceSpec = "configmap:openshift-config-managed/kube-apiserver-client-ca"
+            .parse()
+            .unwrap();
+        let mut file = managed(dir.path(), true, std::slice::from_ref(&spec));
+        let name = spec.to_string();
+        file.observe(
+            0,
+            SourceEvent::Failed(crate::source::SourceError::NotFound { spec: name.clone() }),
+            Instant::now(),
+        );
+        assert_eq!(sync_errors(&file, "credentials"), 0);
+        file.observe(
+            0,
+            SourceEvent::WatchRestart(crate::source::SourceError::Credentials {
+                spec: name,
+                problem: "the token file is missing".into(),
+            }),
+            Instant::now(),
+        );
+        assert_eq!(sync_errors(&file, "credentials"), 1);
+    }
+}
