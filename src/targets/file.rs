@@ -740,9 +740,14 @@ mod tests {
     /// A `--manage` file (or, with `bundle`, the bundle) at DIR/ca.crt, kept from the
     /// sources `specs`, with its state in DIR/state.
     fn managed(dir: &Path, bundle: bool, specs: &[SourceSpec]) -> Managed {
+        managed_at(&dir.join("ca.crt"), dir, bundle, specs)
+    }
+
+    /// The same, at `path`.
+    fn managed_at(path: &Path, dir: &Path, bundle: bool, specs: &[SourceSpec]) -> Managed {
         let state = dir.join("state");
         fs::create_dir_all(&state).unwrap();
-        let common = crate::config::Common::for_tests(&dir.join("ca.crt"), &state, specs.to_vec());
+        let common = crate::config::Common::for_tests(path, &state, specs.to_vec());
         let target = Target::new(&common);
         Managed::new(
             bundle,
@@ -786,5 +791,64 @@ mod tests {
             Instant::now(),
         );
         assert_eq!(sync_errors(&file, "credentials"), 1);
+    }
+
+    /// A `file:` source DIR/NAME holding one CA valid for an hour.
+    fn source(dir: &Path, name: &str) -> SourceSpec {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let ca = crate::bundle::test_certs::ca(Some(name), None, now - 60, now + 3600);
+        fs::write(dir.join(name), ca.pem()).unwrap();
+        format!("file:{}", dir.join(name).display())
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn while_repairs_back_off_health_says_so_even_after_a_failed_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = source(dir.path(), "signer.crt");
+        let mut file = managed(dir.path(), true, &[spec]);
+        file.start(&mut CreatedRecord::default());
+        let path = dir.path().join("ca.crt");
+        let goal = fs::read(&path).unwrap();
+        assert_eq!(file.status.in_sync, Some(true));
+        // The last write of this very bundle failed, and its retry waits...
+        let error = "cannot replace the file: no space left on device";
+        file.write_failed = Some(Fingerprint::of(&goal));
+        file.write_error = Some(error.into());
+        file.write_retry.until = Some(Instant::now() + Duration::from_secs(3600));
+        fs::write(&path, "changed by something else\n").unwrap();
+        file.reconcile(&mut CreatedRecord::default());
+        assert_eq!(
+            file.status.sync_problem,
+            Some(format!("{error}; retrying with backoff")),
+            "while a failed write waits for its retry, health says why it failed"
+        );
+        // ...but what holds the file now is the repairs' backoff: that is what is said.
+        file.repair.until = Some(Instant::now() + Duration::from_secs(3600));
+        file.reconcile(&mut CreatedRecord::default());
+        assert_eq!(
+            file.status.sync_problem.as_deref(),
+            Some("the file was changed by something else; repair is backing off")
+        );
+    }
+
+    #[test]
+    fn the_bundles_directory_is_never_made_and_a_managed_files_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = source(dir.path(), "signer.crt");
+        let bundle = dir.path().join("kubernetes").join("kubelet-ca.crt");
+        let mut file = managed_at(&bundle, dir.path(), true, std::slice::from_ref(&spec));
+        file.start(&mut CreatedRecord::default());
+        assert!(
+            !bundle.parent().unwrap().exists(),
+            "the kubelet's directory is the node configuration's to make"
+        );
+        assert_eq!(file.status.in_sync, Some(false));
+        let managed_file = dir.path().join("cloud").join("ca-bundle.pem");
+        let mut file = managed_at(&managed_file, dir.path(), false, &[spec]);
+        file.start(&mut CreatedRecord::default());
+        assert!(managed_file.exists());
+        assert_eq!(file.status.in_sync, Some(true));
     }
 }
