@@ -851,4 +851,31 @@ mod tests {
         assert!(managed_file.exists());
         assert_eq!(file.status.in_sync, Some(true));
     }
+
+    #[test]
+    fn a_managed_file_whose_sources_hold_nothing_is_not_created_and_one_there_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("cloud-ca.pem");
+        fs::write(&empty, "\n").unwrap();
+        let spec: SourceSpec = format!("file:{}", empty.display()).parse().unwrap();
+        let path = dir.path().join("ca.crt");
+        let why = "its sources hold no certificate: the file is neither created nor emptied";
+        let mut file = managed(dir.path(), false, std::slice::from_ref(&spec));
+        file.start(&mut CreatedRecord::default());
+        assert!(!path.exists());
+        assert!(file.status.nothing_to_keep);
+        assert_eq!(
+            file.status.file_problem,
+            Some(format!("not created: {why}"))
+        );
+        fs::write(&path, "\n").unwrap();
+        file.reconcile(&mut CreatedRecord::default());
+        assert_eq!(
+            file.status.file_problem,
+            Some(format!(
+                "holds no certificate either: {why}; it is left as it is"
+            ))
+        );
+        assert_eq!(fs::read(&path).unwrap(), b"\n");
+    }
 }
