@@ -855,13 +855,17 @@ mod tests {
     #[test]
     fn a_managed_file_whose_sources_hold_nothing_is_not_created_and_one_there_is_left() {
         let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("cloud-ca.pem");
-        fs::write(&empty, "\n").unwrap();
-        let spec: SourceSpec = format!("file:{}", empty.display()).parse().unwrap();
+        // The publisher's empty cloud CA key: read, and no certificate in it.
+        let spec: SourceSpec = "configmap:openshift-config-managed/kube-cloud-config/ca-bundle.pem"
+            .parse()
+            .unwrap();
         let path = dir.path().join("ca.crt");
         let why = "its sources hold no certificate: the file is neither created nor emptied";
         let mut file = managed(dir.path(), false, std::slice::from_ref(&spec));
         file.start(&mut CreatedRecord::default());
+        let nothing = SourceEvent::Content(crate::bundle::SourceCertificates::default());
+        file.observe(0, nothing, Instant::now());
+        file.reconcile(&mut CreatedRecord::default());
         assert!(!path.exists());
         assert!(file.status.nothing_to_keep);
         assert_eq!(
