@@ -850,6 +850,11 @@ mod tests {
         file.start(&mut CreatedRecord::default());
         assert!(managed_file.exists());
         assert_eq!(file.status.in_sync, Some(true));
+        assert_eq!(
+            file.built_len(),
+            fs::read(&managed_file).unwrap().len(),
+            "what was built is the size the loop gives memory back after"
+        );
     }
 
     #[test]
