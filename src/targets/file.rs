@@ -887,4 +887,23 @@ mod tests {
         );
         assert_eq!(fs::read(&path).unwrap(), b"\n");
     }
+
+    #[test]
+    fn the_next_boundary_is_the_next_validity_change_after_this_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        // Valid from this very second: that start is no boundary to wait for.
+        let ca = crate::bundle::test_certs::ca(Some("signer"), None, now, now + 600);
+        fs::write(dir.path().join("signer.crt"), ca.pem()).unwrap();
+        let spec: SourceSpec = format!("file:{}", dir.path().join("signer.crt").display())
+            .parse()
+            .unwrap();
+        let mut file = managed(dir.path(), true, &[spec]);
+        file.start(&mut CreatedRecord::default());
+        let next = file.next_boundary();
+        assert!(
+            next <= Duration::from_secs(601) && next >= Duration::from_secs(599),
+            "{next:?}"
+        );
+    }
 }
