@@ -1082,6 +1082,22 @@ mod tests {
         fs::write(dir.join("entries").join(format!("{registry}.crt")), pem).unwrap();
     }
 
+    /// A set fed one CA for quay.io, valid for an hour, after its first pass; and when
+    /// that was (unix seconds).
+    fn started() -> (tempfile::TempDir, RegistrySet, CreatedRecord, i64) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = fed(dir.path());
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        feed(
+            dir.path(),
+            "quay.io",
+            &ca_pem("quay-ca", now - 60, now + 3600),
+        );
+        let mut record = CreatedRecord::default();
+        set.start(&mut record);
+        (dir, set, record, now)
+    }
+
     fn status<'a>(set: &'a RegistrySet, registry: &str) -> Option<&'a Status> {
         let path = set.path_of(registry).display().to_string();
         set.statuses.iter().find(|s| s.bundle_path == path)
@@ -1097,16 +1113,7 @@ mod tests {
 
     #[test]
     fn a_pass_writes_each_registry_and_says_how_its_file_stands() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut set = fed(dir.path());
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(
-            dir.path(),
-            "quay.io",
-            &ca_pem("quay-ca", now - 60, now + 3600),
-        );
-        let mut record = CreatedRecord::default();
-        set.start(&mut record);
+        let (_dir, set, _, now) = started();
         let written = fs::read(set.path_of("quay.io")).unwrap();
         let status = status(&set, "quay.io").unwrap().clone();
         assert_eq!(set.statuses.len(), 1);
@@ -1142,15 +1149,7 @@ mod tests {
 
     #[test]
     fn the_same_entries_again_call_for_no_pass_and_new_ones_do() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut set = fed(dir.path());
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(
-            dir.path(),
-            "quay.io",
-            &ca_pem("quay-ca", now - 60, now + 3600),
-        );
-        set.start(&mut CreatedRecord::default());
+        let (dir, mut set, _, now) = started();
         assert!(!set.schedule.due);
         let spec = set.slots[0].source.spec.clone();
         let read = || Event::Content(Arc::new(local::registry_entries(&spec).unwrap()));
@@ -1334,15 +1333,7 @@ mod tests {
 
     #[test]
     fn a_write_that_keeps_failing_is_counted_and_retried_ever_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut set = fed(dir.path());
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(
-            dir.path(),
-            "quay.io",
-            &ca_pem("quay-ca", now - 60, now + 3600),
-        );
-        set.start(&mut CreatedRecord::default());
+        let (_dir, mut set, _, now) = started();
         let ca = set.path_of("quay.io");
         if !nix::unistd::geteuid().is_root() || !chattr("+i", &ca) {
             eprintln!("skipped: chattr +i needs root and a filesystem that has it");
@@ -1419,16 +1410,7 @@ mod tests {
 
     #[test]
     fn the_same_entries_are_built_again_only_once_a_validity_boundary_has_passed() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut set = fed(dir.path());
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(
-            dir.path(),
-            "quay.io",
-            &ca_pem("quay-ca", now - 60, now + 3600),
-        );
-        let mut record = CreatedRecord::default();
-        set.start(&mut record);
+        let (_dir, mut set, mut record, now) = started();
         let (merged, built) = set.built.clone().unwrap();
         assert!(!built.desired.files.is_empty());
         // A stand-in for what was built before, to see whether it is built again.
@@ -1449,16 +1431,7 @@ mod tests {
 
     #[test]
     fn a_change_is_pending_until_every_file_is_in_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut set = fed(dir.path());
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        feed(
-            dir.path(),
-            "quay.io",
-            &ca_pem("quay-ca", now - 60, now + 3600),
-        );
-        let mut record = CreatedRecord::default();
-        set.start(&mut record);
+        let (_dir, mut set, mut record, _) = started();
         assert_eq!(set.pending_since, None, "written: nothing pending");
         // Something else changes the file while repairs back off: the repair waits, with
         // no error, and what is pending stays pending (its sync time is measured from it).
