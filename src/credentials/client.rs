@@ -153,6 +153,39 @@ mod tests {
         (code, serde_json::from_slice(&bytes).ok())
     }
 
+    /// kube-rs's stack beneath the layer, ready only once `ready` is set (as a stack with a
+    /// full connection pool is not).
+    struct Gate(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl tower::Service<Request<Body>> for Gate {
+        type Response = Response<Box<DynBody>>;
+        type Error = BoxError;
+        type Future = std::future::Ready<Answer>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            std::future::ready(Ok(response(200, None, "")))
+        }
+    }
+
+    #[test]
+    fn the_layer_takes_a_request_only_when_the_stack_beneath_it_can() {
+        use tower::Service;
+        let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut service = CarryRetryAfter(Gate(ready.clone()));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(service.poll_ready(&mut cx).is_pending());
+        ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(service.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+    }
+
     #[test]
     fn a_status_that_says_no_retry_after_gets_the_headers_and_one_that_says_one_keeps_it() {
         let status = |details: &str| {

@@ -203,12 +203,6 @@ impl Credentials {
         self.current.borrow_and_update().clone()
     }
 
-    /// Waits until the credentials have been read once.
-    pub async fn ready(&mut self) -> Arc<Current> {
-        let _ = self.current.wait_for(|c| c.read).await;
-        self.current()
-    }
-
     /// An answer proved the credentials stale (a 401, or a server certificate that the
     /// trusted CA does not sign): read them again now.
     pub fn stale(&self) {
@@ -456,6 +450,33 @@ mod tests {
             ..Current::default()
         };
         assert_eq!(refused.why_none(), "kubeconfig k does not exist yet");
+    }
+
+    /// The journal says which client certificate a new client presents and how many CAs
+    /// it trusts for the server (a CA rotation shows as two, then one).
+    #[test]
+    fn a_new_client_is_logged_with_how_many_cas_it_trusts() {
+        let now = crate::bundle::test_certs::now();
+        let held = |kind, cn: &str| HeldCertificate {
+            filepath: "k".into(),
+            kind,
+            key: "x".into(),
+            certificate: crate::bundle::test_certs::ca(Some(cn), None, now - 60, now + 3600),
+        };
+        let held = [
+            held("user", "system:node:n1"),
+            held("cluster", "ca-old"),
+            held("cluster", "ca-new"),
+        ];
+        let origin = Origin::Kubeconfig {
+            paths: vec!["k".into()],
+            chosen_by: "--kubeconfig",
+        };
+        let ((), log) = crate::testlog::Log::capture(|| {
+            log_new(&origin, &Current::default(), &held, "https://api:6443")
+        });
+        assert_eq!(log.count("trusted_cas=2"), 1, "{}", log.text());
+        assert_eq!(log.count("credentials for the API server loaded"), 1);
     }
 
     use base64::Engine;
