@@ -476,6 +476,13 @@ mod tests {
             log_new(&origin, &Current::default(), &held, "https://api:6443")
         });
         assert_eq!(log.count("trusted_cas=2"), 1, "{}", log.text());
+        assert_eq!(
+            log.count("system:node:n1"),
+            1,
+            "the user's certificate: {}",
+            log.text()
+        );
+        assert_eq!(log.count("ca-old"), 0, "a CA is no client certificate");
         assert_eq!(log.count("credentials for the API server loaded"), 1);
     }
 
