@@ -414,17 +414,22 @@ mod tests {
         assert_eq!(r.stale(later), later);
     }
 
-    /// The client certificate is the user's, never a CA trusted for the server; without
-    /// credentials, why says so.
-    #[test]
-    fn what_is_known_of_the_credentials_in_use() {
+    /// A certificate held from kubeconfig `k`: `user` (the client's) or `cluster` (a CA
+    /// trusted for the server), valid for an hour.
+    fn held(kind: &'static str, cn: &str) -> HeldCertificate {
         let now = crate::bundle::test_certs::now();
-        let held = |kind, cn: &str| HeldCertificate {
+        HeldCertificate {
             filepath: "k".into(),
             kind,
             key: "x".into(),
             certificate: crate::bundle::test_certs::ca(Some(cn), None, now - 60, now + 3600),
-        };
+        }
+    }
+
+    /// The client certificate is the user's, never a CA trusted for the server; without
+    /// credentials, why says so.
+    #[test]
+    fn what_is_known_of_the_credentials_in_use() {
         let current = Current {
             held: vec![held("cluster", "ca"), held("user", "system:node:n1")].into(),
             ..Current::default()
@@ -456,13 +461,6 @@ mod tests {
     /// it trusts for the server (a CA rotation shows as two, then one).
     #[test]
     fn a_new_client_is_logged_with_how_many_cas_it_trusts() {
-        let now = crate::bundle::test_certs::now();
-        let held = |kind, cn: &str| HeldCertificate {
-            filepath: "k".into(),
-            kind,
-            key: "x".into(),
-            certificate: crate::bundle::test_certs::ca(Some(cn), None, now - 60, now + 3600),
-        };
         let held = [
             held("user", "system:node:n1"),
             held("cluster", "ca-old"),
