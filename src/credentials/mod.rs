@@ -147,7 +147,7 @@ pub struct Credentials {
 
 impl Credentials {
     /// Starts following the credentials of `origin` (on the current runtime). The first
-    /// reading is under way when this returns; [`Credentials::ready`] waits for it.
+    /// reading is under way when this returns; until it is done, [`Current::read`] is false.
     pub fn follow(origin: Origin) -> Credentials {
         let (tx, current) = watch::channel(Arc::new(Current::default()));
         let stale = Arc::new(Notify::new());
