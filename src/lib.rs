@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fleet;
 pub mod fsutil;
 pub mod kubeconfig;
 pub mod kubelet_config;

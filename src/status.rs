@@ -57,12 +57,33 @@ pub struct Status {
     /// For a managed kubeconfig (`None` for any other file): whether CAs its sources
     /// dropped are kept until a check of its server allows their removal.
     pub removal_held: Option<bool>,
+    /// For a managed kubeconfig: the SHA-256 fingerprints (hex) of the CAs its sources
+    /// dropped that are kept until a check of its server allows their removal.
+    pub held_back: Vec<String>,
+    /// For a managed kubeconfig with a restart hook: the kubelet's restart after the last
+    /// CA it gained (`None` when none was needed since the agent started).
+    pub restart: Option<Restart>,
+    /// For a registry CA file: the directory of its `--manage-registries` set.
+    pub registry_set: Option<String>,
     /// Checks of the loop that concern no one file, and never fail readiness: each
     /// registry set's refused entries (`registries:DIR`), as (name, problem).
     pub notes: Vec<(String, Option<String>)>,
     /// Sources of the loop's that no file's status carries: a registry set's, which must
     /// show whether or not the set has a registry file yet.
     pub other_sources: Vec<SourceStatus>,
+}
+
+/// The kubelet's restart after a managed kubeconfig gained a CA (the kubelet reads its
+/// kubeconfig only when it starts): the state of the hook that does it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Restart {
+    /// The hook ran and succeeded after the last addition.
+    Done,
+    /// The last run failed; it is retried with backoff.
+    Failed,
+    /// A run is queued or under way.
+    Pending,
 }
 
 /// One line of `/readyz?verbose`.

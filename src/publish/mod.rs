@@ -1146,6 +1146,9 @@ impl Publisher {
             others,
             nothing_to_keep: false,
             removal_held: None,
+            held_back: Vec::new(),
+            restart: None,
+            registry_set: None,
             notes: self.notes(),
             other_sources: Vec::new(),
         };
@@ -1266,6 +1269,9 @@ impl Publisher {
                 others: Vec::new(),
                 nothing_to_keep,
                 removal_held: None,
+                held_back: Vec::new(),
+                restart: None,
+                registry_set: None,
                 notes: Vec::new(),
                 other_sources: Vec::new(),
             });

@@ -615,6 +615,9 @@ impl Managed {
             others: Vec::new(),
             nothing_to_keep: false,
             removal_held: None,
+            held_back: Vec::new(),
+            restart: None,
+            registry_set: None,
             notes: Vec::new(),
             other_sources: Vec::new(),
         };

@@ -300,6 +300,7 @@ impl Kubeconfig {
         let plan = plan::plan(&current, desired, allowed);
         let server = Server::of(&cluster);
         self.status.removal_held = Some(!plan.held.is_empty());
+        self.status.held_back = plan.held.iter().map(|c| c.fingerprint().to_hex()).collect();
         if !plan.held.is_empty() {
             let due = plan::check_due(
                 true,

@@ -696,6 +696,7 @@ impl RegistrySet {
                 sync_problem,
                 sources: sources.clone(),
                 last_sync: in_sync.then(unix_now),
+                registry_set: Some(self.root.display().to_string()),
                 ..Status::default()
             });
         }
@@ -741,6 +742,7 @@ impl RegistrySet {
                     in_sync: None,
                     sync_problem: Some(why.clone()),
                     sources: sources.clone(),
+                    registry_set: Some(self.root.display().to_string()),
                     ..Status::default()
                 }
             })

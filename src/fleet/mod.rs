@@ -1,0 +1,4 @@
+//! The fleet's rollout (SPEC 8c): what each node says it holds ([`held`], the annotation
+//! on its Node), and what the cluster learns from it.
+
+pub mod held;
