@@ -285,7 +285,8 @@ struct Seen {
     changed: Instant,
     /// When each node logged the new bundle written, if it did within the limit.
     followed: Vec<Option<Instant>>,
-    /// After a restore: when each node logged the restored store's bundle written.
+    /// After a restore: when each node logged the restored store's bundle written (the
+    /// change is made once every node has, or the limit ran out).
     restored: Option<Vec<Option<Instant>>>,
     /// When the last node followed, or the limit ran out.
     end: Instant,
@@ -348,27 +349,37 @@ fn go_through(
         }
     }
     let back = Instant::now();
+    // After a restore every node must first follow what the restored store holds (it has
+    // gone back to `current`), with no 410 to tell it: then the change is made.
+    let restored = backup.map(|_| {
+        let hash = sha256_hex(current.as_bytes());
+        let mut restored: Vec<Option<Instant>> = vec![None; nodes.len()];
+        let deadline = back + run.follow_limit;
+        while restored.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (node, restored) in nodes.iter().zip(&mut restored) {
+                for (at, line) in node.agent.lines.try_iter() {
+                    if restored.is_none() && line.contains("bundle written") && line.contains(&hash)
+                    {
+                        *restored = Some(at);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        restored
+    });
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", next)], &[]);
     let changed = Instant::now();
 
     let hash = sha256_hex(next.as_bytes());
-    // After a restore, each node writes the restored bundle back first.
-    let restored_hash = backup.map(|_| sha256_hex(current.as_bytes()));
-    let mut restored: Vec<Option<Instant>> = vec![None; nodes.len()];
     let mut followed: Vec<Option<Instant>> = vec![None; nodes.len()];
     let mut watching_again = None;
     let deadline = changed + run.follow_limit;
     while followed.iter().any(Option::is_none) && Instant::now() < deadline {
-        for ((node, followed), restored) in nodes.iter().zip(&mut followed).zip(&mut restored) {
+        for (node, followed) in nodes.iter().zip(&mut followed) {
             for (at, line) in node.agent.lines.try_iter() {
-                if !line.contains("bundle written") {
-                    continue;
-                }
-                if followed.is_none() && line.contains(&hash) {
+                if followed.is_none() && line.contains("bundle written") && line.contains(&hash) {
                     *followed = Some(at);
-                }
-                if restored.is_none() && restored_hash.as_ref().is_some_and(|h| line.contains(h)) {
-                    *restored = Some(at);
                 }
             }
         }
@@ -401,7 +412,7 @@ fn go_through(
         back,
         changed,
         followed,
-        restored: restored_hash.map(|_| restored),
+        restored,
         end,
         cpu,
         watching_again,
@@ -463,9 +474,11 @@ fn report(
             secs(median)
         )
     };
-    let metric = format!(
-        "{label}: change made as the server answers again -> each node's new file (slowest, median)"
-    );
+    let when = match trouble {
+        Trouble::Restore(_) => "made once every node holds the restored bundle",
+        _ => "made as the server answers again",
+    };
+    let metric = format!("{label}: change {when} -> each node's new file (slowest, median)");
     let pass = missing == 0 && took.last().is_some_and(|t| *t < FOLLOW_TARGET);
     match trouble {
         Trouble::Shedding { .. } => table.info(&metric, measured),

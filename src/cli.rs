@@ -313,6 +313,15 @@ pub struct RunArgs {
     /// /etc/kubernetes/kubelet.conf.
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBELET_CONFIG")]
     pub kubelet_config: Option<PathBuf>,
+    /// The kubeconfig whose node-scoped credentials write this node's report (what each
+    /// target holds, the kubelet-ca-agent/held annotation on its own Node, for `rollout`).
+    /// Default: the --kubeconfig in use (the unit's is the kubelet's). The Node is
+    /// --node-name, else the system:node:NAME of these credentials.
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_REPORT_KUBECONFIG")]
+    pub report_kubeconfig: Option<PathBuf>,
+    /// Do not write this node's report on its Node.
+    #[arg(long, env = "KUBELET_CA_AGENT_NO_NODE_REPORT", value_parser = BoolishValueParser::new(), conflicts_with = "report_kubeconfig")]
+    pub no_node_report: bool,
 }
 
 /// The HTTP endpoint for metrics and health (`run`, and later `publish`).

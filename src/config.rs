@@ -186,6 +186,18 @@ pub struct Run {
     pub server: Server,
     /// The kubelet's config file, when named; None: the usual places are looked at.
     pub kubelet_config: Option<PathBuf>,
+    /// Where this node's report goes (SPEC 8c); `None` with `--no-node-report`.
+    pub report: Option<NodeReport>,
+}
+
+/// This node's report on its Node (SPEC 8c).
+#[derive(Debug, Clone, Default)]
+pub struct NodeReport {
+    /// `--report-kubeconfig`: None, the credentials of `--kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--node-name` as given (not the host's name it defaults to elsewhere): it wins over
+    /// the node the credentials name.
+    pub node_name: Option<String>,
 }
 
 /// `sync`: one pass over what the node agent keeps.

@@ -125,6 +125,15 @@ pub struct Metrics {
     pub watch_restarts: Family<SourceLabels, Counter>,
     pub state_errors: Family<RecordLabels, Counter>,
     pub review_errors: Family<ReviewLabels, Counter>,
+    /// Writes of this node's report on its Node (SPEC 8c).
+    pub node_report_writes: Counter,
+    /// Requests for this node's report that failed, by reason.
+    pub node_report_errors: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -160,6 +169,19 @@ pub mod known {
     /// `kubelet_ca_sync_errors_total{reason}` too, where a cluster source is read: no usable
     /// credentials for the API server.
     pub const CLUSTER_SYNC_ERRORS: &[&str] = &["credentials"];
+    /// `kubelet_ca_node_report_errors_total{reason}`: a request for the node's report that
+    /// failed (`fleet::report`).
+    pub const NODE_REPORT_ERRORS: &[&str] = &[
+        "node_missing",
+        "unauthorized",
+        "forbidden",
+        "too_many_requests",
+        "server_error",
+        "api_error",
+        "unreachable",
+        "tls",
+        "timeout",
+    ];
     /// `kubelet_ca_source_errors_total{reason}` of every source: content rejected
     /// (`Rejection::reason`).
     pub const CONTENT_ERRORS: &[&str] = &[
@@ -293,6 +315,17 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Shows every reason of `kubelet_ca_node_report_errors_total` at 0: the node reports.
+    pub fn init_node_report(&self) {
+        for reason in known::NODE_REPORT_ERRORS {
+            let _ = self.node_report_errors.get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            });
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         // Fine around the targets (2 ms at p50, 10 ms at p99), coarse beyond.
@@ -313,6 +346,8 @@ impl Default for Metrics {
             watch_restarts: Family::default(),
             state_errors: Family::default(),
             review_errors: Family::default(),
+            node_report_writes: Counter::default(),
+            node_report_errors: Family::default(),
         }
     }
 }
@@ -479,6 +514,16 @@ pub fn registry(
         "kubelet_ca_review_errors",
         "TokenReviews and SubjectAccessReviews of the endpoint that could not be made, by reason (circuit_open: turned away while the API server was taken for unreachable)",
         m.review_errors.clone(),
+    );
+    registry.register(
+        "kubelet_ca_node_report_writes",
+        "Writes of this node's report (the kubelet-ca-agent/held annotation) on its Node",
+        m.node_report_writes.clone(),
+    );
+    registry.register(
+        "kubelet_ca_node_report_errors",
+        "Requests for this node's report on its Node that failed, by reason (node_missing: the Node does not exist yet; forbidden: the credentials may not write it); each is retried with backoff",
+        m.node_report_errors.clone(),
     );
     let build = BuildLabels {
         version: env!("CARGO_PKG_VERSION").to_string(),

@@ -113,6 +113,8 @@ struct App {
     guard: Arc<Guard>,
     /// The agent's credentials for the API server, when it talks to it.
     credentials: Option<Credentials>,
+    /// Checks of the loop's observers (the node report), shown and never counted.
+    observers: Vec<watch::Receiver<Option<Check>>>,
 }
 
 /// What a connection brought with it: the client's certificate chain, if any, and whether
@@ -199,6 +201,7 @@ pub fn router(
     liveness: Liveness,
     guard: Arc<Guard>,
     credentials: Option<Credentials>,
+    observers: Vec<watch::Receiver<Option<Check>>>,
 ) -> Router {
     let app = App {
         status,
@@ -206,6 +209,7 @@ pub fn router(
         liveness,
         guard,
         credentials,
+        observers,
     };
     Router::new()
         .route("/livez", get(live))
@@ -741,6 +745,21 @@ async fn ready(
             Check::shown("credentials".to_string(), credentials_problem(credentials)),
         );
     }
+    // The observers' checks, before the sources: shown, never counted.
+    let at = checks
+        .iter()
+        .position(|c| c.name.starts_with("source:"))
+        .unwrap_or(checks.len());
+    let observed: Vec<Check> = app
+        .observers
+        .iter()
+        .filter_map(|o| o.borrow().clone())
+        .map(|c| Check {
+            counted: false,
+            ..c
+        })
+        .collect();
+    checks.splice(at..at, observed);
     // The reasons name files, the agent's identity and the API server's words: only a
     // client that may read /readyz by the rules of /metrics gets them; others get the
     // checks and "reason withheld", as the API server answers its anonymous callers.

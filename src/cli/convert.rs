@@ -27,10 +27,15 @@ impl RunArgs {
     pub fn config(&self) -> Result<config::Run, UsageError> {
         let args = self;
         let server = args.server.config()?;
+        let report = (!args.no_node_report).then(|| config::NodeReport {
+            kubeconfig: args.report_kubeconfig.clone(),
+            node_name: args.server.node_name.clone().filter(|n| !n.is_empty()),
+        });
         Ok(config::Run {
             common: args.common.config()?,
             server,
             kubelet_config: args.kubelet_config.clone(),
+            report,
         })
     }
 }

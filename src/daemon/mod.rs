@@ -19,6 +19,7 @@ use crate::config;
 use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
 use crate::files;
+use crate::fleet::report::Reporter;
 use crate::metrics::Metrics;
 use crate::running;
 use crate::server;
@@ -67,6 +68,8 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
     } else {
         None
     };
+    let report = report_credentials(args.report.as_ref(), credentials.as_ref(), &args.common)?;
+    let (report_check, report_check_rx) = watch::channel(None);
 
     // Listen first: a port in use is a configuration error, and health answers early.
     let endpoint = Endpoint::start(
@@ -76,6 +79,7 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
         metrics.clone(),
         status_rx.clone(),
         liveness,
+        vec![report_check_rx],
     )
     .await?;
 
@@ -94,6 +98,17 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
 
     let sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    if let Some(report_credentials) = report {
+        metrics.init_node_report();
+        let reporter = Reporter {
+            node_name: args.report.as_ref().and_then(|r| r.node_name.clone()),
+            credentials: report_credentials,
+            status: status_rx.clone(),
+            metrics: metrics.clone(),
+            check: report_check,
+        };
+        tokio::spawn(reporter.run());
+    }
     let mut reconciler = Reconciler::new(&args.common, metrics, status_tx)
         .with_kubelet_config(args.kubelet_config.as_deref(), &args.common.bundle);
     // Adopt what is on disk and read the local sources before any API call: a valid file
@@ -122,6 +137,36 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
         })
         .await?;
     Ok(Exit::Success)
+}
+
+/// The credentials that write this node's report (SPEC 8c): `--report-kubeconfig`'s, else
+/// those the sources use. None (said once) when the report is off: `--no-node-report`, or
+/// nothing here talks to the cluster and no `--report-kubeconfig` says where to.
+fn report_credentials(
+    report: Option<&config::NodeReport>,
+    sources: Option<&Credentials>,
+    common: &config::Common,
+) -> anyhow::Result<Option<Credentials>> {
+    let Some(report) = report else {
+        tracing::info!("the node report is off (--no-node-report)");
+        return Ok(None);
+    };
+    match (&report.kubeconfig, sources) {
+        (Some(path), Some(sources)) if Some(path) == common.kubeconfig.as_ref() => {
+            Ok(Some(sources.clone()))
+        }
+        (Some(path), _) => {
+            let origin = Origin::resolve(Some(path)).map_err(UsageError)?;
+            Ok(Some(Credentials::follow(origin)))
+        }
+        (None, Some(sources)) => Ok(Some(sources.clone())),
+        (None, None) => {
+            tracing::info!(
+                "the node report is off: no source talks to the cluster (set --report-kubeconfig to report what this node holds anyway)"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// Starts one watch per object that the cluster sources read (SPEC 4b: one per object,

@@ -461,6 +461,7 @@ async fn watch_and_publish(
         metrics.clone(),
         status_rx.clone(),
         liveness,
+        Vec::new(),
     )
     .await?;
     // The endpoint's TLS files are watched like the node agent's (a Secret volume swaps

@@ -42,6 +42,7 @@ impl Endpoint {
         metrics: Arc<Metrics>,
         status: StatusRx,
         liveness: Liveness,
+        observers: Vec<tokio::sync::watch::Receiver<Option<crate::status::Check>>>,
     ) -> anyhow::Result<Endpoint> {
         let (tls, guard) = guard(server, bundle, credentials, &metrics)?;
         let listener = bind(server.listen)?;
@@ -51,7 +52,14 @@ impl Endpoint {
             credentials.cloned(),
             server.node_name.as_deref(),
         );
-        let router = super::router(status, registry, liveness, guard, credentials.cloned());
+        let router = super::router(
+            status,
+            registry,
+            liveness,
+            guard,
+            credentials.cloned(),
+            observers,
+        );
         super::spawn(listener, router, tls.clone(), super::Limits::for_process())?;
         let follows_bundle = tls
             .as_ref()

@@ -405,7 +405,11 @@ pub fn controllerconfig_bundle(
 /// can act on (`https://HOST:PORT: connection refused`, `... TLS: ...`), never the client
 /// library's bare `client error (Connect)`. A server that could not be reached at all
 /// (refused, reset, timed out) is [`Failure::Unreachable`]; a TLS failure is an answer.
-fn request_error(spec: &str, server: &str, error: &kube::Error) -> (SourceError, Failure) {
+pub(crate) fn request_error(
+    spec: &str,
+    server: &str,
+    error: &kube::Error,
+) -> (SourceError, Failure) {
     let source_error = match error {
         kube::Error::Api(status) => status_error(spec, status),
         other => {

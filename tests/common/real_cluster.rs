@@ -258,6 +258,32 @@ impl Cluster {
         }
     }
 
+    /// Registers Node `name` (as a kubelet does at its first start), Ready.
+    pub fn create_node(&self, name: &str) {
+        let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        let (code, answer) = self.request("POST", "/api/v1/nodes", Some(&body));
+        assert!(
+            code == 201 || code == 409,
+            "create node {name}: {code} {answer}"
+        );
+    }
+
+    /// Node `name`, when it exists.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        match self.request("GET", &format!("/api/v1/nodes/{name}"), None) {
+            (200, body) => Some(body),
+            (404, _) => None,
+            (code, body) => panic!("get node {name}: {code} {body}"),
+        }
+    }
+
+    /// Node `name`'s annotation `key`, when it has one.
+    pub fn node_annotation(&self, name: &str, key: &str) -> Option<String> {
+        self.node(name)?["metadata"]["annotations"][key]
+            .as_str()
+            .map(str::to_string)
+    }
+
     /// Grants `verbs` on the ConfigMaps `names` of `namespace` to `user` (a Role and its
     /// RoleBinding, as the deploy manifests do, by resourceNames).
     pub fn grant_configmaps(&self, namespace: &str, names: &[&str], verbs: &[&str], user: &str) {

@@ -1,0 +1,247 @@
+//! Every node says what it holds (issue 33, SPEC 8c), against the real API server of
+//! `../shared/tools/kube-apiserver/cluster`, with the Node authorizer and NodeRestriction as
+//! on a real cluster: the agent, with a node's own credentials, writes the
+//! `kubelet-ca-agent/held` annotation on its Node after its first pass and after each change,
+//! and nothing while idle; credentials that name one node cannot write another's report; a
+//! Node that does not exist yet is waited for; and none of it touches the bundle or readiness.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Node;
+use common::daemon::{Agent, check_line, eventually, wait_until};
+use common::pki::{Algorithm, Signer};
+use common::real_cluster::Cluster;
+use serde_json::Value;
+
+const SECOND: Duration = Duration::from_secs(1);
+const NS: &str = "openshift-config-managed";
+const NAME: &str = "kube-apiserver-client-ca";
+const SPEC: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+const KEY: &str = "ca-bundle.crt";
+const HELD: &str = "kubelet-ca-agent/held";
+
+/// The SHA-256 of a PEM certificate's DER, as the report gives it.
+fn fingerprint(pem: &str) -> String {
+    let der = pem::parse(pem).expect("a PEM certificate").into_contents();
+    common::sha256_hex(&der)
+}
+
+/// The report on Node `name`, parsed, when there is one.
+fn report(cluster: &Cluster, name: &str) -> Option<Value> {
+    let raw = cluster.node_annotation(name, HELD)?;
+    Some(serde_json::from_str(&raw).expect("the report is JSON"))
+}
+
+/// The fingerprints the report says the bundle holds, and whether it is in sync.
+fn bundle_held(report: &Value) -> (Vec<String>, bool) {
+    let bundle = report["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "bundle")
+        .expect("the bundle's entry");
+    let certs = bundle["certs"]
+        .as_array()
+        .map(|a| a.iter().map(|c| c.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    (certs, bundle["inSync"] == true)
+}
+
+/// A cluster with the signers' ConfigMap holding `pem`, readable by `nodes`, each
+/// registered as a Node when `registered`.
+fn cluster_with(pem: &str, nodes: &[(&str, bool)]) -> Option<Cluster> {
+    let cluster = Cluster::up()?;
+    cluster.put_configmap(NS, NAME, &[(KEY, pem)]);
+    for (node, registered) in nodes {
+        cluster.grant_configmaps(
+            NS,
+            &[NAME],
+            &["get", "list", "watch"],
+            &format!("system:node:{node}"),
+        );
+        if *registered {
+            cluster.create_node(node);
+        }
+    }
+    Some(cluster)
+}
+
+/// An agent on `node` with `name`'s node credentials.
+fn agent(cluster: &Cluster, node: &Node, name: &str, extra: &[&str]) -> Agent {
+    let kubeconfig = cluster.node_kubeconfig(name);
+    let mut args = vec!["--kubeconfig", kubeconfig.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let agent = Agent::start(node, &[SPEC], &args);
+    agent.wait_listening();
+    agent
+}
+
+fn writes(agent: &Agent) -> f64 {
+    agent
+        .metric("kubelet_ca_node_report_writes_total")
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_node_reports_what_it_holds_on_its_own_node_once_per_change() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let b = Signer::new("signer-b", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-1", true)]) else {
+        return;
+    };
+    let node = Node::new();
+    let agent = agent(&cluster, &node, "worker-1", &[]);
+    wait_until(20 * SECOND, || node.holds(&a));
+
+    // After the first pass: the bundle's certificates, in sync, with nothing secret.
+    assert!(
+        eventually(10 * SECOND, || report(&cluster, "worker-1")
+            .is_some_and(|r| bundle_held(&r) == (vec![fingerprint(&a)], true))),
+        "no report of the bundle on Node worker-1: {:?}\n{}",
+        cluster.node_annotation("worker-1", HELD),
+        agent.log()
+    );
+    let first = report(&cluster, "worker-1").unwrap();
+    assert_eq!(first["v"], 1);
+    let raw = cluster.node_annotation("worker-1", HELD).unwrap();
+    assert!(!raw.contains("BEGIN"), "{raw}");
+    assert!(raw.len() <= 16 * 1024);
+    assert_eq!(
+        first["targets"][0]["path"],
+        node.bundle().display().to_string()
+    );
+    let verbose = agent.get("/readyz?verbose").unwrap().1;
+    assert_eq!(
+        check_line(&verbose, "node-report"),
+        "[+]node-report ok",
+        "{verbose}"
+    );
+
+    // Idle: nothing written.
+    let before = writes(&agent);
+    assert!(before >= 1.0);
+    std::thread::sleep(3 * SECOND);
+    assert_eq!(writes(&agent), before, "written while idle");
+
+    // A rotation: one more write, with what the node now holds.
+    cluster.put_configmap(NS, NAME, &[(KEY, &format!("{a}{b}"))]);
+    assert!(
+        eventually(10 * SECOND, || report(&cluster, "worker-1").is_some_and(
+            |r| bundle_held(&r) == (vec![fingerprint(&a), fingerprint(&b)], true)
+        )),
+        "the report did not follow the rotation: {:?}\n{}",
+        cluster.node_annotation("worker-1", HELD),
+        agent.log()
+    );
+    std::thread::sleep(2 * SECOND);
+    assert_eq!(writes(&agent), before + 1.0, "one write per change");
+    let second = report(&cluster, "worker-1").unwrap();
+    assert_ne!(second["changed"], Value::Null);
+    assert_eq!(
+        agent.sample(
+            "kubelet_ca_node_report_errors_total",
+            &[("reason", "forbidden")]
+        ),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn credentials_that_name_one_node_cannot_write_another_nodes_report() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-1", true), ("worker-2", true)]) else {
+        return;
+    };
+    let node = Node::new();
+    // worker-1's credentials, told to report as worker-2.
+    let agent = agent(&cluster, &node, "worker-1", &["--node-name", "worker-2"]);
+    wait_until(20 * SECOND, || node.holds(&a));
+    agent.wait_sample(
+        10 * SECOND,
+        "kubelet_ca_node_report_errors_total",
+        &[("reason", "forbidden")],
+        |v| v >= 1.0,
+    );
+    // The real API server refused it: worker-2 holds no report, the bundle and readiness
+    // are as they would be, and health says why, not counted.
+    assert_eq!(cluster.node_annotation("worker-2", HELD), None);
+    assert_eq!(cluster.node_annotation("worker-1", HELD), None);
+    let (code, verbose) = agent.get("/readyz?verbose").unwrap();
+    assert_eq!(code, 200, "{verbose}");
+    let line = check_line(&verbose, "node-report");
+    assert!(
+        line.starts_with("[-]node-report failed: ") && line.ends_with("(not counted)"),
+        "{line}"
+    );
+    assert!(line.contains("403"), "{line}");
+    let log = agent.log();
+    assert!(log.contains("a node may write only its own Node"), "{log}");
+}
+
+#[test]
+fn a_node_that_does_not_exist_yet_is_waited_for_and_then_reported() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-3", false)]) else {
+        return;
+    };
+    let node = Node::new();
+    let agent = agent(&cluster, &node, "worker-3", &[]);
+    // The bundle does not wait for the Node.
+    wait_until(20 * SECOND, || node.holds(&a));
+    agent.wait_sample(
+        10 * SECOND,
+        "kubelet_ca_node_report_errors_total",
+        &[("reason", "node_missing")],
+        |v| v >= 1.0,
+    );
+    let verbose = agent.get("/readyz?verbose").unwrap().1;
+    assert!(
+        check_line(&verbose, "node-report").contains("waiting for the Node to exist"),
+        "{verbose}"
+    );
+    assert!(
+        !agent
+            .log()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("report")),
+        "a missing Node is waited for quietly\n{}",
+        agent.log()
+    );
+    // The kubelet registers it: the report follows within the backoff.
+    cluster.create_node("worker-3");
+    assert!(
+        eventually(40 * SECOND, || report(&cluster, "worker-3").is_some()),
+        "no report after the Node was registered\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn an_agent_restarted_on_an_unchanged_node_writes_nothing() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-4", true)]) else {
+        return;
+    };
+    let node = Node::new();
+    let mut first = agent(&cluster, &node, "worker-4", &[]);
+    assert!(eventually(20 * SECOND, || report(&cluster, "worker-4").is_some()));
+    let rv = cluster.node("worker-4").unwrap()["metadata"]["resourceVersion"].clone();
+    let changed = report(&cluster, "worker-4").unwrap()["changed"].clone();
+    first.terminate();
+
+    let second = agent(&cluster, &node, "worker-4", &[]);
+    let verbose = || second.get("/readyz?verbose").unwrap().1;
+    assert!(
+        eventually(15 * SECOND, || check_line(&verbose(), "node-report")
+            == "[+]node-report ok"),
+        "{}\n{}",
+        verbose(),
+        second.log()
+    );
+    assert_eq!(writes(&second), 0.0);
+    let node_now = cluster.node("worker-4").unwrap();
+    assert_eq!(node_now["metadata"]["resourceVersion"], rv);
+    assert_eq!(report(&cluster, "worker-4").unwrap()["changed"], changed);
+}
