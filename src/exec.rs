@@ -25,6 +25,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::config::KubeconfigHook;
+use crate::status::Restart;
 
 /// After SIGTERM, how long a hook's process group has before SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -200,6 +201,9 @@ struct Queue {
     /// The certificates added since the last run that succeeded (a kubeconfig's hook).
     added: std::collections::BTreeSet<String>,
     stopping: bool,
+    /// A kubeconfig's hook: the kubelet's restart after the last CA added, `None` until
+    /// one was added.
+    restart: Option<Restart>,
 }
 
 /// What a hook is run for.
@@ -235,18 +239,21 @@ impl Hooks {
             Kind::Bundle(bundle),
             timeout,
             failed,
+            || {},
         )
     }
 
     /// Starts the runner of `--kubeconfig-hook` (or `--kubeconfig-restart-unit`) for the
-    /// kubeconfig at `path`.
+    /// kubeconfig at `path`; `ran` is called after each run, once [`Hooks::restart`] says
+    /// how it ended.
     pub fn start_for_kubeconfig(
         hook: KubeconfigHook,
         path: PathBuf,
         timeout: Duration,
         failed: impl Fn() + Send + 'static,
+        ran: impl Fn() + Send + 'static,
     ) -> Hooks {
-        Hooks::spawn(hook, Kind::Kubeconfig(path), timeout, failed)
+        Hooks::spawn(hook, Kind::Kubeconfig(path), timeout, failed, ran)
     }
 
     fn spawn(
@@ -254,6 +261,7 @@ impl Hooks {
         kind: Kind,
         timeout: Duration,
         failed: impl Fn() + Send + 'static,
+        ran: impl Fn() + Send + 'static,
     ) -> Hooks {
         let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
         let shared = queue.clone();
@@ -299,6 +307,17 @@ impl Hooks {
                             restart_unit(unit, timeout, &stopping)
                         }
                     };
+                    if let Kind::Kubeconfig(_) = kind {
+                        if let Ok(mut queue) = lock.lock() {
+                            queue.restart = Some(match (succeeded, queue.pending) {
+                                (false, _) => Restart::Failed,
+                                // A CA added since the run began: one more run to come.
+                                (true, true) => Restart::Pending,
+                                (true, false) => Restart::Done,
+                            });
+                        }
+                        ran();
+                    }
                     if succeeded {
                         retry = RETRY_FIRST;
                         continue;
@@ -341,9 +360,19 @@ impl Hooks {
         let (lock, wake) = &*self.queue;
         if let Ok(mut queue) = lock.lock() {
             queue.pending = true;
+            if !added.is_empty() {
+                queue.restart = Some(Restart::Pending);
+            }
             queue.added.extend(added);
             wake.notify_one();
         }
+    }
+
+    /// A kubeconfig's hook: the kubelet's restart after the last CA added (`None` when
+    /// none was added since the agent started).
+    pub fn restart(&self) -> Option<Restart> {
+        let (lock, _) = &*self.queue;
+        lock.lock().ok().and_then(|q| q.restart)
     }
 }
 
@@ -449,11 +478,16 @@ mod tests {
             move || {
                 counted.fetch_add(1, Ordering::SeqCst);
             },
+            || {},
         );
+        assert_eq!(hooks.restart(), None, "nothing added yet");
         hooks.changed_with(vec!["aa".into()]);
         std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(hooks.restart(), Some(Restart::Failed));
         hooks.changed_with(vec!["bb".into()]);
+        assert_eq!(hooks.restart(), Some(Restart::Pending));
         std::thread::sleep(Duration::from_millis(1700));
+        assert_eq!(hooks.restart(), Some(Restart::Done));
         drop(hooks);
         let runs = std::fs::read_to_string(&log).unwrap();
         assert_eq!(

@@ -245,3 +245,73 @@ fn an_agent_restarted_on_an_unchanged_node_writes_nothing() {
     assert_eq!(node_now["metadata"]["resourceVersion"], rv);
     assert_eq!(report(&cluster, "worker-4").unwrap()["changed"], changed);
 }
+
+#[test]
+fn a_managed_kubeconfig_is_reported_with_the_kubelets_restart_after_it_gained_a_ca() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-5", true), ("worker-6", true)]) else {
+        return;
+    };
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let cluster_ca = cluster.ca_pem();
+    let next_ca = Signer::new("next-apiserver-ca", Algorithm::P256).pem();
+    // (the node, its hook, what the report must say of the restart)
+    for (name, hook, restart) in [
+        ("worker-5", "true", "done"),
+        ("worker-6", "false", "failed"),
+    ] {
+        let node = Node::new();
+        // A kubeconfig of the node's own, trusting the cluster CA, whose CA data the agent
+        // keeps from a file source that also holds the next CA.
+        let kubeconfig = node.root().join("kubelet.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+                cluster.url,
+                b64(&cluster_ca)
+            ),
+        )
+        .unwrap();
+        let cas = node.source("apiserver-cas.pem", format!("{cluster_ca}{next_ca}"));
+        let manage = format!("{}={cas}", kubeconfig.display());
+        let agent = agent(
+            &cluster,
+            &node,
+            name,
+            &[
+                "--manage-kubeconfig",
+                &manage,
+                "--kubeconfig-hook",
+                &format!("sh -c {hook}"),
+            ],
+        );
+        let entry = || {
+            report(&cluster, name).and_then(|r| {
+                r["targets"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|t| t["kind"] == "kubeconfig")
+                    .cloned()
+            })
+        };
+        assert!(
+            eventually(20 * SECOND, || entry()
+                .is_some_and(|t| t["restart"] == restart)),
+            "{name}: {:?}\n{}",
+            entry(),
+            agent.log()
+        );
+        let entry = entry().unwrap();
+        assert_eq!(entry["path"], kubeconfig.display().to_string());
+        assert_eq!(
+            entry["certs"],
+            serde_json::json!([fingerprint(&cluster_ca), fingerprint(&next_ca)])
+        );
+        // Nothing of the kubeconfig but its certificates.
+        let raw = cluster.node_annotation(name, HELD).unwrap();
+        assert!(!raw.contains(&cluster.url), "{raw}");
+    }
+}

@@ -571,7 +571,9 @@ impl Kept for Kubeconfig {
     }
 
     fn report(&self, report: &mut Report) {
-        report.files.push(self.status.clone());
+        let mut status = self.status.clone();
+        status.restart = self.hooks.as_ref().and_then(Hooks::restart);
+        report.files.push(status);
     }
 
     #[cfg(test)]

@@ -91,8 +91,11 @@ pub(crate) fn all(
         )));
     }
     for kubeconfig in &common.manage_kubeconfig {
+        let wake = Wake::new(targets.len(), wakes.clone());
         let hooks = common.kubeconfig_hook.clone().map(|hook| {
             let failures = metrics.clone();
+            // The restart's outcome is in the target's status: a pass publishes it.
+            let ran = wake.clone();
             Hooks::start_for_kubeconfig(
                 hook,
                 kubeconfig.path.clone(),
@@ -100,9 +103,9 @@ pub(crate) fn all(
                 move || {
                     failures.kubeconfig_hook_failures.inc();
                 },
+                move || ran.wake(),
             )
         });
-        let wake = Wake::new(targets.len(), wakes.clone());
         targets.push(Box::new(kubeconfig::Kubeconfig::new(
             kubeconfig,
             next(&kubeconfig.sources),
