@@ -129,6 +129,8 @@ pub struct Metrics {
     pub node_report_writes: Counter,
     /// Requests for this node's report that failed, by reason.
     pub node_report_errors: Family<ReasonLabels, Counter>,
+    /// Events on the Node that were not recorded, by reason.
+    pub node_events_not_recorded: Family<ReasonLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -316,6 +318,15 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// An Event on the Node was not recorded, for `reason`.
+    pub fn not_recorded(&self, reason: &str) {
+        self.node_events_not_recorded
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
     /// Shows every reason of `kubelet_ca_node_report_errors_total` at 0: the node reports.
     pub fn init_node_report(&self) {
         for reason in known::NODE_REPORT_ERRORS {
@@ -348,6 +359,7 @@ impl Default for Metrics {
             review_errors: Family::default(),
             node_report_writes: Counter::default(),
             node_report_errors: Family::default(),
+            node_events_not_recorded: Family::default(),
         }
     }
 }
@@ -524,6 +536,11 @@ pub fn registry(
         "kubelet_ca_node_report_errors",
         "Requests for this node's report on its Node that failed, by reason (node_missing: the Node does not exist yet; forbidden: the credentials may not write it); each is retried with backoff",
         m.node_report_errors.clone(),
+    );
+    registry.register(
+        "kubelet_ca_node_events_not_recorded",
+        "Kubernetes Events on this node's Node that were not recorded, by reason (throttled: the same one lately, or more than a few a minute; refused, timeout, no_credentials, queue_full)",
+        m.node_events_not_recorded.clone(),
     );
     let build = BuildLabels {
         version: env!("CARGO_PKG_VERSION").to_string(),

@@ -121,6 +121,9 @@ pub struct SourceStatus {
     pub spec: String,
     /// The last read or watch event succeeded and its content was valid.
     pub up: bool,
+    /// Its last update was refused for what it held (a key, a torn certificate, nothing
+    /// usable), rather than for not being read.
+    pub rejected: bool,
     pub problem: Option<String>,
     /// Unix seconds when the source's content last changed.
     pub last_change: Option<f64>,
@@ -356,6 +359,7 @@ mod tests {
             sources: vec![SourceStatus {
                 spec: "configmap:a/b".into(),
                 up: false,
+                rejected: false,
                 problem: Some("connection refused".into()),
                 last_change: None,
             }],

@@ -146,6 +146,52 @@ fn a_node_reports_what_it_holds_on_its_own_node_once_per_change() {
         ),
         Some(0.0)
     );
+
+    // `kubectl describe node` shows what changed, as an Event on the Node.
+    let changed = wait_for_event(&cluster, "worker-1", "CAFileChanged", "added signer-b");
+    assert_eq!(changed["type"], "Normal");
+    let note = changed["note"].as_str().unwrap();
+    assert!(
+        note.contains("now holds 2 certificate(s); added signer-b"),
+        "{note}"
+    );
+    // A rejected update (a private key in it) is a Warning; the bundle stays.
+    let key = Signer::new("signer-c", Algorithm::P256).key_pem();
+    cluster.put_configmap(NS, NAME, &[(KEY, &format!("{a}{key}"))]);
+    let rejected = wait_for_event(&cluster, "worker-1", "SourceRejected", "");
+    assert_eq!(rejected["type"], "Warning");
+    let note = rejected["note"].as_str().unwrap();
+    assert!(note.contains("the last good content is kept"), "{note}");
+    let body = key.lines().nth(1).unwrap();
+    assert!(
+        !note.contains("-----BEGIN") && !note.contains(body),
+        "{note}"
+    );
+    assert!(node.holds(format!("{a}{b}")));
+}
+
+/// The Event of `reason` about Node `name` whose message holds `says`, once it is there
+/// (10 s at most).
+fn wait_for_event(cluster: &Cluster, name: &str, reason: &str, says: &str) -> Value {
+    let mut found = None;
+    let path = format!(
+        "/apis/events.k8s.io/v1/namespaces/default/events?fieldSelector=regarding.name={name}"
+    );
+    eventually(10 * SECOND, || {
+        let (_, list) = cluster.request("GET", &path, None);
+        found = list["items"].as_array().and_then(|items| {
+            items
+                .iter()
+                .find(|e| e["reason"] == reason && e["note"].as_str().unwrap_or("").contains(says))
+                .cloned()
+        });
+        found.is_some()
+    });
+    found.unwrap_or_else(|| {
+        let (_, list) = cluster.request("GET", &path, None);
+        let (_, all) = cluster.request("GET", "/apis/events.k8s.io/v1/events", None);
+        panic!("no {reason} event about Node {name}: {list}\nall: {all}")
+    })
 }
 
 #[test]

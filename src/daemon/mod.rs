@@ -100,12 +100,20 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
     let sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     if let Some(report_credentials) = report {
         metrics.init_node_report();
+        let (events, notices) = mpsc::channel(32);
+        let not_recorded = metrics.clone();
+        tokio::spawn(crate::fleet::events::run(
+            notices,
+            report_credentials.clone(),
+            move |reason| not_recorded.not_recorded(reason),
+        ));
         let reporter = Reporter {
             node_name: args.report.as_ref().and_then(|r| r.node_name.clone()),
             credentials: report_credentials,
             status: status_rx.clone(),
             metrics: metrics.clone(),
             check: report_check,
+            events: Some(events),
         };
         tokio::spawn(reporter.run());
     }

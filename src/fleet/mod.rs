@@ -1,5 +1,6 @@
 //! The fleet's rollout (SPEC 8c): what each node says it holds ([`held`], the annotation
 //! on its Node), and what the cluster learns from it.
 
+pub mod events;
 pub mod held;
 pub mod report;

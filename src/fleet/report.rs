@@ -16,9 +16,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::events::{self, Notice, Regarding};
 use super::held::{ANNOTATION, Held};
 use crate::credentials::{Credentials, Current};
 use crate::metrics::{Metrics, ReasonLabels};
@@ -209,6 +210,8 @@ pub struct Reporter {
     pub metrics: Arc<Metrics>,
     /// The `node-report` check of `/readyz?verbose`.
     pub check: watch::Sender<Option<Check>>,
+    /// Where the Events told by the statuses go ([`super::events::run`]); `None`: none are.
+    pub events: Option<mpsc::Sender<(Notice, Regarding)>>,
 }
 
 /// The Node the report goes to: `--node-name`, else the `system:node:NAME` of the
@@ -256,20 +259,33 @@ impl Reporter {
         let mut credentials = self.credentials.clone();
         let mut generation = credentials.current().generation;
         let mut said_name: Option<Result<String, String>> = None;
+        let mut last = Arc::new(Status::default());
+        // The Node's uid, once read: the Events' reference.
+        let mut uid: Option<String> = None;
         loop {
-            {
-                let status = self.status.borrow_and_update().clone();
-                // The first pass publishes a status with the bundle's path.
-                if !status.bundle_path.is_empty() {
-                    policy.observe(Held::of(&status, rfc3339_now()), settled(&status));
-                }
-            }
+            let status = self.status.borrow_and_update().clone();
             let current = credentials.mark_seen();
+            let name = node_name(self.node_name.as_deref(), &current);
+            // The first pass publishes a status with the bundle's path.
+            if !status.bundle_path.is_empty() && !Arc::ptr_eq(&status, &last) {
+                policy.observe(Held::of(&status, rfc3339_now()), settled(&status));
+                if let (Some(events), Ok(name)) = (&self.events, &name) {
+                    for notice in events::between(&last, &status) {
+                        let regarding = Regarding {
+                            name: name.clone(),
+                            uid: uid.clone(),
+                        };
+                        if events.try_send((notice, regarding)).is_err() {
+                            self.metrics.not_recorded("queue_full");
+                        }
+                    }
+                }
+                last = status;
+            }
             if current.generation != generation {
                 generation = current.generation;
                 policy.new_credentials();
             }
-            let name = node_name(self.node_name.as_deref(), &current);
             if said_name.as_ref() != Some(&name) {
                 match &name {
                     Ok(name) => {
@@ -300,7 +316,11 @@ impl Reporter {
             let server = current.server.clone().unwrap_or_default();
             let api: Api<Node> = Api::all(client);
             let outcome = match action {
-                Action::Read => Some(read(&api, name, &server).await),
+                Action::Read => {
+                    let (outcome, read_uid) = read(&api, name, &server).await;
+                    uid = read_uid.or(uid);
+                    Some(outcome)
+                }
                 Action::Write(value) => Some(write(&api, name, &server, &value).await),
                 Action::Wait { until } => {
                     self.show(&policy, can_ask);
@@ -383,17 +403,20 @@ impl Reporter {
     }
 }
 
-/// Reads the Node's annotation.
-async fn read(api: &Api<Node>, name: &str, server: &str) -> Outcome {
+/// Reads the Node's annotation, and its uid.
+async fn read(api: &Api<Node>, name: &str, server: &str) -> (Outcome, Option<String>) {
     match tokio::time::timeout(DEADLINE, api.get_metadata_opt(name)).await {
-        Ok(Ok(Some(node))) => Outcome::Read(
-            node.metadata
-                .annotations
-                .and_then(|mut a| a.remove(ANNOTATION)),
+        Ok(Ok(Some(node))) => (
+            Outcome::Read(
+                node.metadata
+                    .annotations
+                    .and_then(|mut a| a.remove(ANNOTATION)),
+            ),
+            node.metadata.uid,
         ),
-        Ok(Ok(None)) => Outcome::NoNode,
-        Ok(Err(e)) => failed(&e, server, name),
-        Err(_) => hung(server),
+        Ok(Ok(None)) => (Outcome::NoNode, None),
+        Ok(Err(e)) => (failed(&e, server, name), None),
+        Err(_) => (hung(server), None),
     }
 }
 

@@ -16,6 +16,8 @@ pub struct SourceState {
     /// The last good content: what the bundle is built from, kept while the source fails.
     pub content: Option<SourceCertificates>,
     pub up: bool,
+    /// Its last update was refused for what it held.
+    pub rejected: bool,
     pub problem: Option<String>,
     /// Unix seconds when the content last changed.
     pub last_change: Option<f64>,
@@ -28,6 +30,7 @@ impl SourceState {
             name: spec.to_string(),
             content: None,
             up: false,
+            rejected: false,
             problem: Some("not read yet".to_string()),
             last_change: None,
         }
@@ -84,6 +87,7 @@ impl SourceState {
             tracing::info!(source = %self.name, certificates, "source is up");
         }
         self.up = true;
+        self.rejected = false;
         self.problem = None;
     }
 
@@ -97,6 +101,10 @@ impl SourceState {
                 reason: error.reason().to_string(),
             })
             .inc();
+        self.rejected = matches!(
+            error,
+            SourceError::Rejected { .. } | SourceError::Invalid { .. }
+        );
         if restart {
             metrics
                 .watch_restarts
@@ -130,6 +138,7 @@ impl SourceState {
         SourceStatus {
             spec: self.name.clone(),
             up: self.up,
+            rejected: self.rejected,
             problem: self.problem.clone(),
             last_change: self.last_change,
         }
