@@ -320,7 +320,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_REPORT_KUBECONFIG")]
     pub report_kubeconfig: Option<PathBuf>,
     /// Do not write this node's report on its Node.
-    #[arg(long, env = "KUBELET_CA_AGENT_NO_NODE_REPORT", value_parser = BoolishValueParser::new(), conflicts_with = "report_kubeconfig")]
+    #[arg(long, env = "KUBELET_CA_AGENT_NO_NODE_REPORT", value_parser = BoolishValueParser::new())]
     pub no_node_report: bool,
 }
 

@@ -262,6 +262,8 @@ impl Reporter {
         let mut last = Arc::new(Status::default());
         // The Node's uid, once read: the Events' reference.
         let mut uid: Option<String> = None;
+        // The last failure said in the log.
+        let mut warned: Option<String> = None;
         loop {
             let status = self.status.borrow_and_update().clone();
             let current = credentials.mark_seen();
@@ -338,7 +340,7 @@ impl Reporter {
                 }
             };
             if let Some(outcome) = outcome {
-                self.count(&outcome, name);
+                self.count(&outcome, name, &mut warned);
                 policy.outcome(outcome, Instant::now(), lifecycle::jitter());
                 self.show(&policy, Ok(()));
             }
@@ -360,14 +362,16 @@ impl Reporter {
         }
     }
 
-    /// Counts an outcome, and says it in the log.
-    fn count(&self, outcome: &Outcome, name: &str) {
+    /// Counts an outcome, and says it in the log: a failure once until it changes or the
+    /// report gets through.
+    fn count(&self, outcome: &Outcome, name: &str, warned: &mut Option<String>) {
         match outcome {
             Outcome::Written => {
                 self.metrics.node_report_writes.inc();
+                *warned = None;
                 tracing::debug!(node = %name, "wrote what this node holds on its Node");
             }
-            Outcome::Read(_) => {}
+            Outcome::Read(_) => *warned = None,
             Outcome::NoNode => {
                 self.error("node_missing");
                 tracing::debug!(node = %name, "the Node does not exist yet: waiting for it");
@@ -376,7 +380,12 @@ impl Reporter {
                 reason, message, ..
             } => {
                 self.error(reason);
-                tracing::warn!(node = %name, reason, "cannot report what this node holds on its Node: {message}");
+                if warned.as_ref() != Some(message) {
+                    tracing::warn!(node = %name, reason, "cannot report what this node holds on its Node (retrying with backoff; said again only if it changes): {message}");
+                    *warned = Some(message.clone());
+                } else {
+                    tracing::debug!(node = %name, reason, "cannot report what this node holds on its Node: {message}");
+                }
             }
         }
     }
