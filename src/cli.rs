@@ -661,6 +661,16 @@ pub struct ManagedArgs {
         value_parser = parse_manage
     )]
     pub manage_kubeconfig: Vec<ManageSpec>,
+    /// The registry directories, as `run` is given them (only their paths are used), besides
+    /// those recorded in the state directory: what the agent creates under each is excluded.
+    #[arg(
+        long = "manage-registries",
+        value_name = "DIR=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE_REGISTRIES",
+        value_delimiter = ';',
+        value_parser = parse_manage_registries
+    )]
+    pub manage_registries: Vec<RegistriesSpec>,
 }
 
 /// `drift exclusions --format`.
