@@ -251,7 +251,7 @@ fn in_sync_is_not_claimed_before_any_source_was_read() {
     assert_eq!(code, 503, "the file does not exist: {page}");
     let line = check_line(&page, "in-sync");
     assert!(
-        line.starts_with("[-]in-sync failed: not known yet") && line.contains("no source"),
+        line.starts_with("[?]in-sync unknown: not known yet") && line.contains("no source"),
         "{page}"
     );
     assert!(
@@ -278,7 +278,7 @@ fn an_adopted_bundle_is_ready_but_not_claimed_in_sync_until_the_sources_are_read
     wait_until(5 * SECOND, || verbose(&agent).0 == 200);
     let line = check_line(&verbose(&agent).1, "in-sync");
     assert!(
-        line.starts_with("[-]in-sync failed: not known yet") && line.contains(spec),
+        line.starts_with("[?]in-sync unknown: not known yet") && line.contains(spec),
         "{line}"
     );
 }
@@ -499,7 +499,14 @@ fn without_a_kubelet_config_the_use_of_the_bundle_is_not_known() {
     assert_eq!(code, 200, "{page}");
     assert!(
         check_line(&page, "kubelet-uses-bundle")
-            .starts_with("[-]kubelet-uses-bundle failed: not known"),
+            .starts_with("[?]kubelet-uses-bundle unknown: not known"),
+        "{page}"
+    );
+    // Not known is neither failed nor ok (issue 34): no line says the check failed.
+    assert!(!page.contains("[-]kubelet-uses-bundle"), "{page}");
+    assert!(!page.contains("[+]kubelet-uses-bundle"), "{page}");
+    assert!(
+        check_line(&page, "kubelet-uses-bundle").ends_with("(not counted)"),
         "{page}"
     );
     let (_, body) = agent.get("/metrics").unwrap();
