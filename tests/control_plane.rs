@@ -96,10 +96,19 @@ fn a_410_after_a_reconnect_lists_again_at_once_without_a_backoff() {
     );
     let agent = started(&api, &node, &a);
 
-    // Long enough an outage for several failed attempts, so that a backoff would have grown.
-    outage(&api, &agent, 12 * SECOND);
+    // The server answers 503 long enough for several failed attempts, so that a backoff
+    // would have grown (an answer, not a lost connection: the watch is resumed, not
+    // listed). Then it is back with a watch cache that begins past the agent's
+    // resourceVersion, as after a restart: the resumed watch gets 410.
+    let unavailable = Fault::Status(503);
+    api.shed(Some(unavailable));
+    api.break_watches(unavailable);
+    agent.wait_metric(10 * SECOND, "kubelet_ca_source_up{", 0.0);
+    std::thread::sleep(6 * SECOND);
+    cluster_moves_on(&api);
+    api.compact();
     let back = Instant::now();
-    api.restart();
+    api.shed(None);
     api.put_configmap(NS, NAME, &[("ca-bundle.crt", &b.pem())], &[]);
     wait_until(10 * SECOND, || node.holds(b.pem()));
 

@@ -9,14 +9,12 @@
 //! again, and `run` with no flag, read through `/readyz?verbose` and `/metrics`.
 
 mod common;
-#[path = "common/real_cluster.rs"]
-mod real_cluster;
 
 use std::fs;
 use std::process::Command;
 
+use common::real_cluster::Cluster;
 use common::{agent_bin, is_root, require};
-use real_cluster::RealCluster;
 
 const KUBEADM_SOURCE: &str =
     "configmap:kube-system/extension-apiserver-authentication/client-ca-file";
@@ -82,10 +80,7 @@ kill -TERM $agent; wait $agent; echo $? >"$W/out/run.code"
 
 #[test]
 fn a_kubeadm_node_on_debian_works_from_the_docs_with_no_flag() {
-    if !require(
-        real_cluster::available(),
-        "the real API server (../shared/tools/kube-apiserver/cluster) is not there",
-    ) || !require(is_root(), "a mount namespace needs root")
+    if !require(is_root(), "a mount namespace needs root")
         || !require(
             Command::new("unshare").arg("--help").output().is_ok(),
             "unshare (util-linux) is not installed",
@@ -93,7 +88,9 @@ fn a_kubeadm_node_on_debian_works_from_the_docs_with_no_flag() {
     {
         return;
     }
-    let cluster = RealCluster::up();
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
 
@@ -102,43 +99,42 @@ fn a_kubeadm_node_on_debian_works_from_the_docs_with_no_flag() {
     let configmap = "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication";
     assert!(
         common::daemon::eventually(std::time::Duration::from_secs(20), || cluster
-            .admin("GET", configmap, None)
+            .request("GET", configmap, None)
             .0
             == 200),
         "the API server did not publish {configmap}"
     );
     // The Role that reads it exists (the API server's bootstrap policy); kubeadm's nodes are
     // given it by the binding the docs' "RBAC for the unit" creates.
-    let (code, role) = cluster.admin(
+    let (code, role) = cluster.request(
         "GET",
         "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles/extension-apiserver-authentication-reader",
         None,
     );
     assert_eq!(code, 200, "{role}");
-    let binding = r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding",
+    let binding = serde_json::json!({"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding",
         "metadata":{"name":"kubelet-ca-agent-source","namespace":"kube-system"},
         "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"Role","name":"extension-apiserver-authentication-reader"},
-        "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"Group","name":"system:nodes"}]}"#;
-    let (code, body) = cluster.admin(
+        "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"Group","name":"system:nodes"}]});
+    let (code, body) = cluster.request(
         "POST",
         "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
-        Some(binding),
+        Some(&binding),
     );
     assert_eq!(code, 201, "{body}");
 
     // The node: its identity signed by the cluster CA, as the kubelet's TLS bootstrap does.
-    let (crt, key) = cluster.sign("system:node:worker-1", &["system:nodes"]);
-    fs::write(w.join("node.crt"), crt).unwrap();
-    fs::write(w.join("node.key"), key).unwrap();
-    fs::copy(cluster.ca_crt(), w.join("ca.crt")).unwrap();
+    let (crt, key) = cluster.client_cert("system:node:worker-1", &["system:nodes"]);
+    fs::copy(crt, w.join("node.crt")).unwrap();
+    fs::copy(key, w.join("node.key")).unwrap();
+    fs::copy(cluster.ca_path(), w.join("ca.crt")).unwrap();
     use base64::Engine;
-    let ca_data =
-        base64::engine::general_purpose::STANDARD.encode(fs::read(cluster.ca_crt()).unwrap());
+    let ca_data = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
     fs::write(
         w.join("kubelet.conf"),
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: {ca_data}\n    server: {}\n  name: kubernetes\ncontexts:\n- context:\n    cluster: kubernetes\n    user: system:node:worker-1\n  name: system:node:worker-1@kubernetes\ncurrent-context: system:node:worker-1@kubernetes\nusers:\n- name: system:node:worker-1\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
-            cluster.url()
+            cluster.url
         ),
     )
     .unwrap();

@@ -631,7 +631,7 @@ async fn requested<T>(
                     REQUEST_DEADLINE.as_secs()
                 ),
             },
-            Failure::ANSWERED,
+            Failure::Hung,
         )),
     }
 }
@@ -1057,6 +1057,16 @@ async fn follow<K, T: Clone>(
             );
         }
         let step = watch.step(happened, tokio::time::Instant::now(), lifecycle::jitter());
+        if let Some(back) = &step.went_back {
+            tracing::warn!(
+                source = spec,
+                from = %back.from,
+                to = %back.to,
+                "the API server's store went back: its resourceVersion is now {} where this watch had reached {} (a store restored from a backup?); following what it holds now",
+                back.to,
+                back.from,
+            );
+        }
         match step.report {
             Report::Down => {
                 let error = trouble.unwrap_or_else(|| SourceError::Cluster {
@@ -1170,7 +1180,7 @@ fn watch_item<K: kube::Resource>(
                     WATCH_SILENCE.as_secs()
                 ),
             };
-            item(Happened::Failed(Failure::ANSWERED), Some(silent), None)
+            item(Happened::Failed(Failure::Hung), Some(silent), None)
         }
     }
 }
@@ -1734,7 +1744,7 @@ mod tests {
         );
         // Silence: a failure the server answered (it took the watch and went quiet).
         let silent = read(Err(silence().await));
-        assert_eq!(silent.happened, Happened::Failed(Failure::ANSWERED));
+        assert_eq!(silent.happened, Happened::Failed(Failure::Hung));
         let why = silent.trouble.unwrap();
         assert_eq!(why.reason(), "watch_silent");
         assert!(why.to_string().contains("https://api:6443"), "{why}");

@@ -15,6 +15,12 @@
 //!   silent watch) is asked again after a delay that doubles up to [`ANSWERED_MAX`], never
 //!   sooner than its `Retry-After`, and not faster after it.
 //! - Every delay is spread by jitter, so that a fleet does not come back in step.
+//! - A resourceVersion means something only within one store. A watch that ended cleanly
+//!   (its timeout) resumes from it; after the connection was lost (the server could not be
+//!   reached, or went silent) the object is listed again instead: the server that answers
+//!   next may stand on a store restored from a backup, behind that resourceVersion, where a
+//!   resumed watch opens and hears nothing for hours while the source looks up. A list
+//!   whose resourceVersion went back is told ([`Step::went_back`]).
 //! - A watch is established once it has delivered (an event or a bookmark) or stayed open
 //!   [`CONFIRM`] without an error: only then is the backoff reset and a source that was down
 //!   reported up again. A watch the server accepted and then expired or cut is not.
@@ -51,6 +57,10 @@ pub enum Failure {
     /// (429, 5xx, 401, 403, 404, an answer that makes no sense, a TLS failure), or took the
     /// request and went silent. `retry_after` is how long it asked the client to wait.
     Answered { retry_after: Option<Duration> },
+    /// The server took the request and went silent: no answer within the request's
+    /// deadline, or an open watch that sent nothing past its timeout. Backed off as a
+    /// failure the server answered, but the connection it was on is as good as lost.
+    Hung,
     /// `410 Gone`: the resourceVersion is older than the server keeps.
     Expired,
 }
@@ -58,6 +68,14 @@ pub enum Failure {
 impl Failure {
     /// A failure that the server answered, without a `Retry-After`.
     pub const ANSWERED: Failure = Failure::Answered { retry_after: None };
+
+    /// Whether the connection to the API server is lost with this failure, so that the
+    /// server answering next may stand on another store (one restored from a backup) and a
+    /// resourceVersion from before means nothing there. A server that answered (a 429, a
+    /// 5xx, a 410) is the one the resourceVersion came from.
+    pub fn loses_connection(self) -> bool {
+        matches!(self, Failure::Unreachable | Failure::Hung)
+    }
 }
 
 /// What the loop saw, for [`Watch::step`].
@@ -145,6 +163,9 @@ pub struct Watch {
     early_ends: u32,
     /// Whether the source was last reported up.
     up: bool,
+    /// The newest resourceVersion a list or the watch has reached, kept across a list so
+    /// that a store that went back is told.
+    reached: Option<String>,
 }
 
 /// The delays between failed attempts at one thing, by what failed (SPEC 6), counted since
@@ -174,7 +195,7 @@ impl Backoff {
                 base.mul_f64(0.5 + jitter / 2.0)
             }
             Failure::Answered { retry_after } => self.answered(retry_after, jitter),
-            Failure::Expired => self.answered(None, jitter),
+            Failure::Hung | Failure::Expired => self.answered(None, jitter),
         }
     }
 
@@ -203,6 +224,30 @@ impl Backoff {
 pub struct Step {
     pub action: Action,
     pub report: Report,
+    /// The list just made stands on a store behind the one the watch had reached (one
+    /// restored from a backup): to be logged as such.
+    pub went_back: Option<WentBack>,
+}
+
+/// A store whose resourceVersion went back, from what the watch had reached to what a list
+/// says now. Told only when both are numbers (etcd's revisions): a resourceVersion is
+/// otherwise opaque, and nothing is guessed from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WentBack {
+    pub from: String,
+    pub to: String,
+}
+
+impl WentBack {
+    /// `to`, the resourceVersion of a list, when it is behind `from`, the one reached before.
+    fn between(from: Option<&str>, to: &str) -> Option<WentBack> {
+        let before: u64 = from?.parse().ok()?;
+        let now: u64 = to.parse().ok()?;
+        (now < before).then(|| WentBack {
+            from: before.to_string(),
+            to: now.to_string(),
+        })
+    }
 }
 
 impl Watch {
@@ -213,6 +258,7 @@ impl Watch {
             backoff: Backoff::default(),
             early_ends: 0,
             up: false,
+            reached: None,
         };
         (watch, Action::List)
     }
@@ -249,8 +295,16 @@ impl Watch {
     /// from `[0, 1)`, spreads the delay of a backoff.
     pub fn step(&mut self, happened: Happened, now: Instant, jitter: f64) -> Step {
         let state = std::mem::replace(&mut self.state, State::Listing);
-        let (state, step) = self.decide(state, happened, now, jitter);
+        let listed = match &happened {
+            Happened::Listed { rv } if state == State::Listing => Some(rv.clone()),
+            _ => None,
+        };
+        let (state, mut step) = self.decide(state, happened, now, jitter);
         self.state = state;
+        if let Some(rv) = listed {
+            step.went_back = WentBack::between(self.reached.as_deref(), &rv);
+            self.reached = Some(rv);
+        }
         step
     }
 
@@ -265,8 +319,11 @@ impl Watch {
         use State as S;
         match (state, happened) {
             (S::Listing, H::Listed { rv }) => {
-                // The list delivered: the source is up with what it said.
+                // The list delivered: the source is up with what it said. Watches that
+                // ended early before it are no loop of requests: a list and a wait came
+                // between.
                 self.up = true;
+                self.early_ends = 0;
                 let open = S::Opening {
                     rv: rv.clone(),
                     from_list: true,
@@ -366,6 +423,7 @@ impl Watch {
     /// The watch has delivered, or stayed open long enough: the backoff starts over, and a
     /// source that was down is up again.
     fn established(&mut self, rv: String) -> (State, Step) {
+        self.reached = Some(rv.clone());
         self.backoff.reset();
         self.early_ends = 0;
         let report = if self.up { Report::Nothing } else { Report::Up };
@@ -374,7 +432,8 @@ impl Watch {
         (State::Watching { rv }, act(read, report))
     }
 
-    /// A failure: wait as its kind says, then `then`.
+    /// A failure: wait as its kind says, then `then`, or a list when the connection was
+    /// lost with it (the store the server stands on may have gone back).
     fn back_off(
         &mut self,
         failure: Failure,
@@ -382,6 +441,11 @@ impl Watch {
         now: Instant,
         jitter: f64,
     ) -> (State, Step) {
+        let then = if failure.loses_connection() {
+            Resume::List
+        } else {
+            then
+        };
         self.up = false;
         let delay = self.backoff.after(failure, jitter);
         let until = now + delay;
@@ -401,7 +465,11 @@ impl Failure {
 }
 
 fn act(action: Action, report: Report) -> Step {
-    Step { action, report }
+    Step {
+        action,
+        report,
+        went_back: None,
+    }
 }
 
 /// What a state is doing, for an event it does not expect.
@@ -491,12 +559,15 @@ mod tests {
     fn a_410_after_a_reconnect_lists_again_at_once_without_a_failure() {
         let now = Instant::now();
         let mut w = watching(now);
-        // The server goes away: the watch breaks, and it cannot be reached for a while.
-        let step = w.step(Happened::Failed(Failure::Unreachable), now, MAX);
+        // The server restarts: it ends the watch as it shuts down, and answers the resumed
+        // one with 503 for a while.
+        let step = w.step(Happened::Ended, now, MAX);
+        assert_eq!(step.action, Action::Watch { rv: rv("5") });
+        let step = w.step(Happened::Failed(Failure::ANSWERED), now, MAX);
         assert_eq!(step.report, Report::Down);
         for _ in 0..10 {
             w.step(Happened::Waited, now, MAX);
-            w.step(Happened::Failed(Failure::Unreachable), now, MAX);
+            w.step(Happened::Failed(Failure::ANSWERED), now, MAX);
         }
         // It answers again, from a new watch cache: the resumed watch is accepted, then
         // expired.
@@ -553,8 +624,9 @@ mod tests {
         let (mut w, _) = Watch::start();
         w.step(Happened::Listed { rv: rv("5") }, now, MIN);
         w.step(Happened::Opened, now, MIN);
-        // The server goes away before the watch is established, and comes back restarted.
-        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        // The server fails the watch before it is established (a 503 as it shuts down), and
+        // comes back restarted.
+        w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
         w.step(Happened::Waited, now, MIN);
         w.step(Happened::Opened, now, MIN);
         let step = w.step(Happened::Failed(Failure::Expired), now, MIN);
@@ -574,10 +646,7 @@ mod tests {
         let mut w = watching(now);
         let first = w.step(Happened::Failed(Failure::Unreachable), now, MAX);
         assert!(wait_of(&first, now) <= UNREACHABLE_FIRST);
-        assert_eq!(
-            w.step(Happened::Waited, now, MAX).action,
-            Action::Watch { rv: rv("5") }
-        );
+        assert_eq!(w.step(Happened::Waited, now, MAX).action, Action::List);
         let mut delays = vec![];
         for _ in 0..30 {
             let step = w.step(Happened::Failed(Failure::Unreachable), now, MAX);
@@ -657,15 +726,15 @@ mod tests {
     fn a_source_is_up_only_once_its_watch_has_delivered_or_stayed_open() {
         let now = Instant::now();
         let mut w = watching(now);
-        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
         assert!(!w.up());
         w.step(Happened::Waited, now, MIN);
         // Accepted is not delivered: no report.
         let step = w.step(Happened::Opened, now, MIN);
         assert_eq!(step.report, Report::Nothing);
         assert!(!w.up());
-        // A cut right after: still down, and reported as a failure.
-        let step = w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        // A failure right after: still down, and reported as a failure.
+        let step = w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
         assert_eq!(step.report, Report::Down);
         w.step(Happened::Waited, now, MIN);
         w.step(Happened::Opened, now, MIN);
@@ -682,6 +751,13 @@ mod tests {
         let step = w.step(Happened::StayedOpen, now + CONFIRM, MIN);
         assert_eq!(step.report, Report::Up);
         assert_eq!(w.state, State::Watching { rv: rv("8") });
+        // After a lost connection, the list that follows is what makes it up.
+        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        w.step(Happened::Waited, now, MIN);
+        assert!(!w.up());
+        let step = w.step(Happened::Listed { rv: rv("9") }, now, MIN);
+        assert_eq!(step.report, Report::Up);
+        assert!(w.up());
     }
 
     #[test]
@@ -694,6 +770,7 @@ mod tests {
             w.step(Happened::Failed(Failure::Unreachable), now, MIN);
             w.step(Happened::Waited, now, MIN);
         }
+        w.step(Happened::Listed { rv: rv("9") }, now, MIN);
         w.step(Happened::Opened, now, MIN);
         w.step(Happened::Delivered { rv: rv("9") }, now, MIN);
         let step = w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
@@ -703,6 +780,7 @@ mod tests {
             w.step(Happened::Failed(Failure::Unreachable), now, MIN);
             w.step(Happened::Waited, now, MIN);
         }
+        w.step(Happened::Listed { rv: rv("9") }, now, MIN);
         w.step(Happened::Opened, now, MIN);
         w.step(Happened::StayedOpen, now, MIN);
         let step = w.step(Happened::Failed(Failure::Unreachable), now, MIN);
@@ -748,22 +826,156 @@ mod tests {
     }
 
     #[test]
-    fn a_broken_watch_resumes_from_where_it_was_without_a_list() {
+    fn a_watch_the_server_failed_resumes_from_where_it_was_without_a_list() {
         let now = Instant::now();
         let mut w = watching(now);
         w.step(Happened::Delivered { rv: rv("30") }, now, MIN);
-        w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
+        let shed = Failure::Answered {
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        w.step(Happened::Failed(shed), now, MIN);
         assert_eq!(
             w.step(Happened::Waited, now, MIN).action,
             Action::Watch { rv: rv("30") }
         );
         // After a failed watch request too.
-        let step = w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        let step = w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
         assert_eq!(step.report, Report::Down);
         assert_eq!(
             w.step(Happened::Waited, now, MIN).action,
             Action::Watch { rv: rv("30") }
         );
+    }
+
+    #[test]
+    fn after_the_connection_was_lost_the_object_is_listed_again_not_resumed() {
+        for lost in [Failure::Unreachable, Failure::Hung] {
+            let now = Instant::now();
+            let mut w = watching(now);
+            w.step(Happened::Delivered { rv: rv("30") }, now, MIN);
+            // The established watch breaks; so does a watch request after a clean end.
+            let step = w.step(Happened::Failed(lost), now, MIN);
+            assert_eq!(step.report, Report::Down, "{lost:?}");
+            assert_eq!(w.rv(), None, "{lost:?}: nothing to resume from");
+            assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
+            // A list that fails while the server is away is listed again, not resumed.
+            w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+            assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
+            // A 429 on that list keeps it a list: the resourceVersion is still unknown.
+            w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
+            assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
+            // The store came back from a backup: the list is behind, and says so; the
+            // watch goes on from the store's resourceVersion, and the source is up on it.
+            let step = w.step(Happened::Listed { rv: rv("12") }, now, MIN);
+            assert_eq!(step.report, Report::Up);
+            assert_eq!(step.action, Action::Watch { rv: rv("12") });
+            let back = WentBack {
+                from: rv("30"),
+                to: rv("12"),
+            };
+            assert_eq!(step.went_back, Some(back), "{lost:?}");
+
+            // The same from a watch request after a clean end.
+            let mut w = watching(now);
+            w.step(Happened::Ended, now, MIN);
+            w.step(Happened::Failed(lost), now, MIN);
+            assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
+            // And from a watch accepted but not yet established.
+            let mut w = watching(now);
+            w.step(Happened::Ended, now, MIN);
+            w.step(Happened::Opened, now, MIN);
+            w.step(Happened::Failed(lost), now, MIN);
+            assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
+        }
+    }
+
+    #[test]
+    fn a_list_between_two_early_ends_makes_them_no_loop() {
+        let now = Instant::now();
+        let mut w = watching(now);
+        // A watch resumed after a clean end ends again before it is established.
+        w.step(Happened::Ended, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Ended, now, MIN);
+        assert_eq!(step.action, Action::Watch { rv: rv("5") });
+        // The server goes away; the list after it, and the watch from it, which the server
+        // ends at once too: the first early end since the list, resumed at once.
+        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        w.step(Happened::Waited, now, MIN);
+        w.step(Happened::Listed { rv: rv("9") }, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Ended, now, MIN);
+        assert_eq!(step.action, Action::Watch { rv: rv("9") });
+        assert_eq!(step.report, Report::Nothing);
+        // The second one backs off.
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Ended, now, MIN);
+        assert_eq!(step.report, Report::Down);
+    }
+
+    #[test]
+    fn a_store_that_went_back_is_told_only_when_its_list_is_behind_what_was_reached() {
+        let now = Instant::now();
+        let lost_then_listed = |reached: &str, listed: &str| {
+            let (mut w, _) = Watch::start();
+            w.step(Happened::Listed { rv: rv(reached) }, now, MIN);
+            w.step(Happened::Opened, now, MIN);
+            w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+            w.step(Happened::Waited, now, MIN);
+            w.step(Happened::Listed { rv: rv(listed) }, now, MIN)
+                .went_back
+        };
+        // Behind, numerically (not as text: "9" sorts after "12").
+        let back = |from: &str, to: &str| {
+            Some(WentBack {
+                from: rv(from),
+                to: rv(to),
+            })
+        };
+        assert_eq!(lost_then_listed("12", "9"), back("12", "9"));
+        assert_eq!(lost_then_listed("9", "12"), None);
+        // The same store, or a restart (410), lists at or after where the watch was.
+        assert_eq!(lost_then_listed("12", "12"), None);
+        // An opaque resourceVersion is never compared.
+        assert_eq!(lost_then_listed("abc", "5"), None);
+        assert_eq!(lost_then_listed("12", "x"), None);
+        // The first list has nothing to be behind.
+        let (mut w, _) = Watch::start();
+        let first = w.step(Happened::Listed { rv: rv("3") }, now, MIN);
+        assert_eq!(first.went_back, None);
+        // What an established watch delivered counts as reached.
+        let mut w = watching(now);
+        w.step(Happened::Delivered { rv: rv("40") }, now, MIN);
+        w.step(Happened::Failed(Failure::Hung), now, MIN);
+        w.step(Happened::Waited, now, MIN);
+        let step = w.step(Happened::Listed { rv: rv("35") }, now, MIN);
+        assert_eq!(step.went_back, back("40", "35"));
+        // A list that is no answer to a list (cannot come) tells nothing.
+        let mut w = watching(now);
+        let step = w.step(Happened::Listed { rv: rv("1") }, now, MIN);
+        assert_eq!(step.went_back, None);
+        assert_eq!(w.rv(), Some("5"));
+    }
+
+    #[test]
+    fn only_a_failure_without_an_answer_loses_the_connection() {
+        assert!(Failure::Unreachable.loses_connection());
+        assert!(Failure::Hung.loses_connection());
+        assert!(!Failure::ANSWERED.loses_connection());
+        let shed = Failure::Answered {
+            retry_after: Some(Duration::from_secs(5)),
+        };
+        assert!(!shed.loses_connection());
+        assert!(!Failure::Expired.loses_connection());
+        // A hung server is backed off as one that answered, not as one that is away.
+        let mut hung = Backoff::default();
+        let mut answered = Backoff::default();
+        for _ in 0..6 {
+            assert_eq!(
+                hung.after(Failure::Hung, MAX),
+                answered.after(Failure::ANSWERED, MAX)
+            );
+        }
     }
 
     #[test]
@@ -813,13 +1025,21 @@ mod tests {
         assert_eq!(w.rv(), Some("5"), "accepted");
         w.step(Happened::Delivered { rv: rv("6") }, now, MIN);
         assert_eq!(w.rv(), Some("6"), "watching");
-        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
         assert_eq!(w.rv(), Some("6"), "backing off before a watch");
         w.step(Happened::Waited, now, MIN);
         w.step(Happened::Failed(Failure::Expired), now, MIN);
         assert_eq!(w.rv(), None, "listing after a 410");
         w.step(Happened::Failed(Failure::ANSWERED), now, MIN);
         assert_eq!(w.rv(), None, "backing off before a list");
+        w.step(Happened::Waited, now, MIN);
+        w.step(Happened::Listed { rv: rv("7") }, now, MIN);
+        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        assert_eq!(
+            w.rv(),
+            None,
+            "backing off before a list, the connection lost"
+        );
     }
 
     #[test]

@@ -643,6 +643,28 @@ impl ApiServer {
         self.listen(listener);
     }
 
+    /// A backup of the store as etcd's snapshot takes it: the objects and the revision.
+    pub fn backup(&self) -> Backup {
+        let st = self.shared.store();
+        Backup {
+            rv: st.rv,
+            objects: st.current.clone(),
+        }
+    }
+
+    /// Stops the server (every connection dropped, as [`ApiServer::stop`]), puts `backup`
+    /// back as its store, and listens again on the same port: a control plane restored from a
+    /// backup. The revision goes back to the backup's, behind everything a client has seen
+    /// since; unlike a restart nothing answers 410 (a plain `etcdctl snapshot restore` does not
+    /// bump the revision), so a watch resumed from a newer resourceVersion is accepted and
+    /// hears nothing until the store gets there, as a real apiserver's does.
+    pub fn restore(&self, backup: &Backup) {
+        self.stop();
+        let listener = bind_retrying(self.shared.port);
+        self.shared.store().restore(backup);
+        self.listen(listener);
+    }
+
     /// What a client behind a load balancer sees when the apiserver it was on restarts and the
     /// balancer sends it to another one: every connection cut at once without a clean end (no
     /// terminating chunk, no TLS close_notify), while the listener stays open, so that a
@@ -943,6 +965,12 @@ impl Res {
 /// (resource, namespace or "" when cluster-scoped, name).
 type Key = (Res, String, String);
 
+/// The store as a backup holds it ([`ApiServer::backup`]).
+pub struct Backup {
+    rv: u64,
+    objects: BTreeMap<Key, Arc<Value>>,
+}
+
 /// One write, as etcd's history and the watch cache keep it.
 struct Change {
     rv: u64,
@@ -1081,6 +1109,16 @@ impl Store {
     fn forget_watch_cache(&mut self) {
         self.rv += 1;
         self.watch_floor = self.rv;
+    }
+
+    /// The store as `backup` left it: its objects at its revision, no history before it.
+    fn restore(&mut self, backup: &Backup) {
+        self.rv = backup.rv;
+        self.current = backup.objects.clone();
+        self.base = self.current.clone();
+        self.log.clear();
+        self.compacted = self.rv;
+        self.watch_floor = self.rv.min(self.watch_floor);
     }
 
     fn compact(&mut self) {

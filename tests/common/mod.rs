@@ -7,6 +7,7 @@ pub mod apiserver;
 pub mod daemon;
 pub mod pki;
 pub mod prometheus;
+pub mod real_cluster;
 pub mod systemd;
 
 use std::fs;

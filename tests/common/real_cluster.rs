@@ -1,168 +1,351 @@
-//! A real API server for the tests that need one (what the Node authorizer, RBAC or the API
-//! server itself decides): `../shared/tools/kube-apiserver/cluster` started in a temporary
-//! directory and stopped when the value is dropped. Self-contained: it needs nothing else
-//! of tests/common, so that a test can include it alone (`#[path]`).
-#![allow(dead_code)]
+//! A real control plane for the tests where the point is what the real one decides (a store
+//! restored from a backup, the Node authorizer, NodeRestriction, RBAC, Events): etcd and
+//! kube-apiserver v1.32.13 started by `../shared/tools/kube-apiserver/cluster` on free
+//! loopback ports, in a scratch directory, and taken down when the value is dropped.
+//!
+//! The script lives beside the project, not in it: without it a test says it was skipped
+//! (and fails in CI, which always has it: [`super::require`]). Writes go through curl with
+//! the cluster's admin certificate, so that a test needs no kubectl.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::{Value, json};
 use tempfile::TempDir;
 
-/// The cluster script, beside the repository (`../shared/tools` from its root).
+/// The script that starts and stops the control plane.
 pub fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/kube-apiserver/cluster")
 }
 
-/// Whether the real API server can be started here: the script is there.
-pub fn available() -> bool {
-    script().is_file()
-}
-
-/// A running etcd and kube-apiserver, stopped (and their data removed) on drop.
-pub struct RealCluster {
+pub struct Cluster {
     pub dir: TempDir,
-    env: HashMap<String, String>,
+    /// `https://127.0.0.1:PORT`.
+    pub url: String,
 }
 
-impl RealCluster {
-    /// Starts one (about 4 s). Panics with the script's output if it cannot.
-    pub fn up() -> RealCluster {
-        let dir = tempfile::Builder::new()
-            .prefix("real-cluster-")
-            .tempdir()
-            .unwrap();
-        let out = Command::new(script())
-            .arg("up")
-            .arg(dir.path())
+impl Cluster {
+    /// Starts a control plane, or says the test is skipped (`None`) when the script is not
+    /// beside the project (CI always has it, and there its absence fails the test).
+    pub fn up() -> Option<Cluster> {
+        if !super::require(
+            script().is_file(),
+            "../shared/tools/kube-apiserver/cluster is not beside the project (no real API server)",
+        ) {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cluster = Cluster {
+            dir,
+            url: String::new(),
+        };
+        cluster.run("up");
+        let env = fs::read_to_string(cluster.path("env")).expect("the cluster's env file");
+        cluster.url = env
+            .lines()
+            .find_map(|line| line.strip_prefix("API_URL="))
+            .expect("API_URL in the cluster's env")
+            .to_string();
+        Some(cluster)
+    }
+
+    /// A path under the cluster's directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn run(&self, command: &str) {
+        let out = Command::new("bash")
+            .arg(script())
+            .arg(command)
+            .arg(self.dir.path())
             .output()
             .expect("run the cluster script");
         assert!(
             out.status.success(),
-            "cluster up failed: {}{}",
+            "cluster {command} failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let env = parse_env(&fs::read_to_string(dir.path().join("env")).unwrap());
-        RealCluster { dir, env }
     }
 
-    /// `https://127.0.0.1:PORT`.
-    pub fn url(&self) -> &str {
-        &self.env["API_URL"]
+    /// Stops etcd and the API server, keeping etcd's data: an outage.
+    pub fn stop(&self) {
+        self.run("stop");
     }
 
-    pub fn ca_crt(&self) -> PathBuf {
-        self.dir.path().join("pki/ca.crt")
+    /// Starts both again on the same ports; returns once the API server answers `/readyz`.
+    pub fn start(&self) {
+        self.run("start");
     }
 
+    /// Restarts the API server alone (same store): its watches then answer 410.
+    pub fn restart(&self) {
+        self.run("restart");
+    }
+
+    /// A copy of etcd's data directory, taken while the cluster is stopped: a backup.
+    pub fn backup(&self, name: &str) -> PathBuf {
+        let to = self.path(name);
+        copy_dir(&self.path("etcd-data"), &to);
+        to
+    }
+
+    /// Puts `backup` back as etcd's data (the cluster must be stopped): the store's
+    /// resourceVersions go back to the backup's.
+    pub fn restore(&self, backup: &Path) {
+        let data = self.path("etcd-data");
+        fs::remove_dir_all(&data).expect("remove etcd-data");
+        copy_dir(backup, &data);
+    }
+
+    /// The admin kubeconfig (CN=admin, O=system:masters).
     pub fn admin_kubeconfig(&self) -> PathBuf {
-        self.dir.path().join("admin.kubeconfig")
+        self.path("admin.kubeconfig")
     }
 
-    /// A request as the cluster's admin (system:masters): (HTTP status, body).
-    pub fn admin(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let pki = self.dir.path().join("pki");
-        let mut curl = Command::new("curl");
-        curl.args(["-sS", "-m", "10", "-X", method, "-w", "\n%{http_code}"])
-            .arg("--cacert")
-            .arg(pki.join("ca.crt"))
-            .arg("--cert")
-            .arg(pki.join("admin.crt"))
-            .arg("--key")
-            .arg(pki.join("admin.key"));
-        if let Some(body) = body {
-            curl.args([
-                "-H",
-                "Content-Type: application/json",
-                "--data-binary",
-                body,
-            ]);
-        }
-        let out = curl.arg(format!("{}{path}", self.url())).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+    /// The cluster CA, in PEM: it signs the API server's serving certificate and every
+    /// client identity.
+    pub fn ca_pem(&self) -> String {
+        fs::read_to_string(self.path("pki/ca.crt")).expect("the cluster CA")
     }
 
-    /// A client certificate and key (PEM) for `cn` in the groups `groups`, signed by the
-    /// cluster CA with openssl: a node identity is `system:node:NAME` in `system:nodes`.
-    pub fn sign(&self, cn: &str, groups: &[&str]) -> (String, String) {
-        let work = tempfile::tempdir().unwrap();
-        let subject: String = groups
-            .iter()
-            .map(|o| format!("/O={o}"))
-            .chain(std::iter::once(format!("/CN={cn}")))
+    /// The cluster CA's file.
+    pub fn ca_path(&self) -> PathBuf {
+        self.path("pki/ca.crt")
+    }
+
+    /// A client certificate with CN `user` and O `groups`, signed by the cluster CA with
+    /// openssl: the paths of its certificate and its key (PEM), in `users/USER/` under the
+    /// cluster's directory. A node identity is `system:node:NAME` in `system:nodes`.
+    pub fn client_cert(&self, user: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
+        let safe: String = user
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let pki = self.dir.path().join("pki");
-        let key = work.path().join("id.key");
-        let csr = work.path().join("id.csr");
-        let crt = work.path().join("id.crt");
-        let ext = work.path().join("id.ext");
+        let dir = self.path(&format!("users/{safe}"));
+        fs::create_dir_all(&dir).unwrap();
+        let mut subject = String::new();
+        for group in groups {
+            subject.push_str(&format!("/O={group}"));
+        }
+        subject.push_str(&format!("/CN={user}"));
+        let key = dir.join("client.key");
+        let csr = dir.join("client.csr");
+        let crt = dir.join("client.crt");
+        let ext = dir.join("client.ext");
         fs::write(&ext, "extendedKeyUsage=clientAuth\n").unwrap();
-        let run = |args: &[&std::ffi::OsStr]| {
-            let out = Command::new("openssl").args(args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "openssl: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        run(&[
-            "req".as_ref(),
-            "-newkey".as_ref(),
-            "ec".as_ref(),
-            "-pkeyopt".as_ref(),
-            "ec_paramgen_curve:P-256".as_ref(),
-            "-nodes".as_ref(),
-            "-keyout".as_ref(),
-            key.as_os_str(),
-            "-out".as_ref(),
-            csr.as_os_str(),
-            "-subj".as_ref(),
-            subject.as_ref(),
+        openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            path_str(&key),
+            "-out",
+            path_str(&csr),
+            "-subj",
+            &subject,
         ]);
-        run(&[
-            "x509".as_ref(),
-            "-req".as_ref(),
-            "-in".as_ref(),
-            csr.as_os_str(),
-            "-CA".as_ref(),
-            pki.join("ca.crt").as_os_str(),
-            "-CAkey".as_ref(),
-            pki.join("ca.key").as_os_str(),
-            "-CAcreateserial".as_ref(),
-            "-CAserial".as_ref(),
-            work.path().join("ca.srl").as_os_str(),
-            "-days".as_ref(),
-            "2".as_ref(),
-            "-out".as_ref(),
-            crt.as_os_str(),
-            "-extfile".as_ref(),
-            ext.as_os_str(),
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            path_str(&csr),
+            "-CA",
+            path_str(&self.path("pki/ca.crt")),
+            "-CAkey",
+            path_str(&self.path("pki/ca.key")),
+            "-CAcreateserial",
+            "-out",
+            path_str(&crt),
+            "-days",
+            "7",
+            "-extfile",
+            path_str(&ext),
         ]);
-        (
-            fs::read_to_string(crt).unwrap(),
-            fs::read_to_string(key).unwrap(),
-        )
+        (crt, key)
+    }
+
+    /// A kubeconfig for a client certificate with CN `user` and O `groups`, signed by the
+    /// cluster CA ([`Cluster::client_cert`]), its certificate and key in files beside it (as
+    /// the kubelet's `kubelet-client-current.pem` is).
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> PathBuf {
+        let (crt, key) = self.client_cert(user, groups);
+        let dir = crt.parent().expect("users/USER").to_path_buf();
+        let kubeconfig = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: {user}\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: \"{user}\"}}\ncurrent-context: test\n",
+            self.url,
+            self.path("pki/ca.crt").display(),
+            crt.display(),
+            key.display(),
+        );
+        fs::write(&kubeconfig, text).unwrap();
+        kubeconfig
+    }
+
+    /// The kubelet's identity on node `name`: `system:node:NAME` in `system:nodes`.
+    pub fn node_kubeconfig(&self, name: &str) -> PathBuf {
+        self.kubeconfig_for(&format!("system:node:{name}"), &["system:nodes"])
+    }
+
+    /// A request as admin: the status code and the body.
+    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let pki = |name: &str| self.path(&format!("pki/{name}"));
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-m", "20", "-X", method, "-w", "\n%{http_code}"])
+            .arg("--cacert")
+            .arg(pki("ca.crt"))
+            .arg("--cert")
+            .arg(pki("admin.crt"))
+            .arg("--key")
+            .arg(pki("admin.key"));
+        if let Some(body) = body {
+            let content_type = if method == "PATCH" {
+                "application/merge-patch+json"
+            } else {
+                "application/json"
+            };
+            cmd.arg("-H")
+                .arg(format!("Content-Type: {content_type}"))
+                .arg("--data-binary")
+                .arg(body.to_string());
+        }
+        let out = cmd
+            .arg(format!("{}{path}", self.url))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let code = code.trim().parse().unwrap_or(0);
+        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    /// Creates `namespace` unless it exists.
+    pub fn namespace(&self, namespace: &str) {
+        let body =
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+        let (code, answer) = self.request("POST", "/api/v1/namespaces", Some(&body));
+        assert!(
+            code == 201 || code == 409,
+            "create namespace {namespace}: {code} {answer}"
+        );
+    }
+
+    /// Creates or replaces ConfigMap `namespace/name` with `data`; returns its
+    /// resourceVersion.
+    pub fn put_configmap(&self, namespace: &str, name: &str, data: &[(&str, &str)]) -> u64 {
+        self.namespace(namespace);
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
+        let body = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": data,
+        });
+        let one = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
+        let (mut code, mut answer) = self.request("PUT", &one, Some(&body));
+        if code == 404 {
+            let all = format!("/api/v1/namespaces/{namespace}/configmaps");
+            (code, answer) = self.request("POST", &all, Some(&body));
+        }
+        assert!(
+            code == 200 || code == 201,
+            "put configmap {namespace}/{name}: {code} {answer}"
+        );
+        resource_version(&answer)
+    }
+
+    /// ConfigMap `namespace/name`, when it exists.
+    pub fn configmap(&self, namespace: &str, name: &str) -> Option<Value> {
+        let one = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
+        match self.request("GET", &one, None) {
+            (200, body) => Some(body),
+            (404, _) => None,
+            (code, body) => panic!("get configmap {namespace}/{name}: {code} {body}"),
+        }
+    }
+
+    /// Grants `verbs` on the ConfigMaps `names` of `namespace` to `user` (a Role and its
+    /// RoleBinding, as the deploy manifests do, by resourceNames).
+    pub fn grant_configmaps(&self, namespace: &str, names: &[&str], verbs: &[&str], user: &str) {
+        self.namespace(namespace);
+        let role = format!("reader-{}", names.join("-"));
+        let base = format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}");
+        let body = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": role, "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": names, "verbs": verbs}],
+        });
+        let (code, answer) = self.request("POST", &format!("{base}/roles"), Some(&body));
+        assert!(code == 201 || code == 409, "create role: {code} {answer}");
+        let body = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("{role}-{}", user.replace(':', "-")), "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        });
+        let (code, answer) = self.request("POST", &format!("{base}/rolebindings"), Some(&body));
+        assert!(
+            code == 201 || code == 409,
+            "create rolebinding: {code} {answer}"
+        );
     }
 }
 
-impl Drop for RealCluster {
+impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = Command::new(script())
+        let _ = Command::new("bash")
+            .arg(script())
             .arg("down")
             .arg(self.dir.path())
             .output();
     }
 }
 
-/// `DIR/env`: `NAME=VALUE` lines.
-fn parse_env(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
+/// The resourceVersion of an object as the API server answered it.
+pub fn resource_version(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or_else(|| panic!("no resourceVersion in {object}"))
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("cp");
+    assert!(
+        out.status.success(),
+        "cp -a {} {}: {}",
+        from.display(),
+        to.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
 }

@@ -1,0 +1,186 @@
+//! A store restored from a backup (issue 32, SPEC 6), against the real API server and etcd
+//! of `../shared/tools/kube-apiserver/cluster`: etcd's data directory is copied while the
+//! control plane is stopped, life goes on (other writes, a rotation the node follows), then
+//! the copy is put back and the control plane started on it. Its resourceVersions are now
+//! behind everything the agents saw: a watch resumed from theirs would be accepted and hear
+//! nothing until the store caught up. The node agent and the publisher must list again, follow
+//! what the restored store holds and every rotation after it, and never say their source is
+//! up on a watch that has not seen the store it talks to.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Node;
+use common::daemon::{Agent, eventually, wait_until};
+use common::pki::{Algorithm, Signer};
+use common::real_cluster::Cluster;
+
+const SECOND: Duration = Duration::from_secs(1);
+const NS: &str = "openshift-config-managed";
+const NAME: &str = "kube-apiserver-client-ca";
+const SPEC: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+const KEY: &str = "ca-bundle.crt";
+
+/// Moves the store's revision well past the backup's, as a cluster's leases and events do.
+fn life_goes_on(cluster: &Cluster) {
+    for i in 0..40 {
+        cluster.put_configmap("default", "unrelated", &[("n", &i.to_string())]);
+    }
+}
+
+/// The source's `kubelet_ca_source_up` as `agent` says it now.
+fn source_up(agent: &Agent) -> Option<f64> {
+    agent.sample("kubelet_ca_source_up", &[("source", SPEC)])
+}
+
+/// Stops the control plane, waits until `agent` has seen the outage (its source down), and
+/// puts `backup` back as etcd's data; returns once the API server answers again.
+fn restore(cluster: &Cluster, agent: &Agent, backup: &std::path::Path) -> Instant {
+    cluster.stop();
+    assert!(
+        eventually(15 * SECOND, || source_up(agent) == Some(0.0)),
+        "the source stayed up while the API server was stopped\n{}",
+        agent.log()
+    );
+    cluster.restore(backup);
+    cluster.start();
+    Instant::now()
+}
+
+#[test]
+fn a_node_follows_a_store_restored_from_a_backup_and_the_rotations_after_it() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let [backed_up, after_backup, after_restore] = [
+        "signer-backed-up",
+        "signer-after-backup",
+        "signer-after-restore",
+    ]
+    .map(|cn| Signer::new(cn, Algorithm::P256).pem());
+    cluster.put_configmap(NS, NAME, &[(KEY, &backed_up)]);
+    let node = Node::new();
+    let kubeconfig = cluster.admin_kubeconfig();
+    let agent = Agent::start(
+        &node,
+        &[SPEC],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    wait_until(20 * SECOND, || node.holds(&backed_up));
+    agent.wait_listening();
+
+    // The backup, taken while the control plane is stopped; then life goes on, and a
+    // rotation that the node follows.
+    cluster.stop();
+    let backup = cluster.backup("etcd-backup");
+    cluster.start();
+    life_goes_on(&cluster);
+    cluster.put_configmap(NS, NAME, &[(KEY, &after_backup)]);
+    wait_until(15 * SECOND, || node.holds(&after_backup));
+
+    let answered = restore(&cluster, &agent, &backup);
+
+    // Up only on what the restored store says: by the time the source is up again, the
+    // node holds (or is a moment from holding) what that store holds.
+    assert!(
+        eventually(10 * SECOND, || source_up(&agent) == Some(1.0)),
+        "the source is not up 10 s after the API server answered\n{}",
+        agent.log()
+    );
+    assert!(
+        eventually(SECOND, || node.holds(&backed_up)),
+        "the source is up, and the node still holds the bundle from after the backup\n{}",
+        agent.log()
+    );
+    let followed = answered.elapsed();
+    assert!(
+        followed < 10 * SECOND,
+        "followed the restored store after {followed:?}"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("store went back"),
+        "a resourceVersion that went back is logged as such\n{log}"
+    );
+
+    // A rotation made after the restore reaches the node at once.
+    let made = Instant::now();
+    cluster.put_configmap(NS, NAME, &[(KEY, &after_restore)]);
+    assert!(
+        eventually(10 * SECOND, || node.holds(&after_restore)),
+        "a rotation made after the restore did not reach the node within 10 s\n{}",
+        agent.log()
+    );
+    eprintln!(
+        "restored store followed {followed:?} after the API server answered; the next rotation in {:?}",
+        made.elapsed()
+    );
+}
+
+#[test]
+fn the_publisher_follows_a_store_restored_from_a_backup() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let [backed_up, after_backup, after_restore] = [
+        "signer-backed-up",
+        "signer-after-backup",
+        "signer-after-restore",
+    ]
+    .map(|cn| Signer::new(cn, Algorithm::P256).pem());
+    const TO_NS: &str = "openshift-machine-config-operator";
+    const TO: &str = "kubelet-ca-bundle";
+    let published = || {
+        cluster
+            .configmap(TO_NS, TO)
+            .and_then(|cm| cm["data"][KEY].as_str().map(str::to_string))
+    };
+    cluster.namespace(TO_NS);
+    cluster.put_configmap(NS, NAME, &[(KEY, &backed_up)]);
+    let work = tempfile::tempdir().unwrap();
+    let publisher = Agent::publish(
+        work.path(),
+        &cluster.admin_kubeconfig(),
+        &format!("{TO_NS}/{TO}"),
+        &[SPEC],
+        &[],
+    );
+    wait_until(20 * SECOND, || published().as_deref() == Some(&backed_up));
+    publisher.wait_listening();
+
+    cluster.stop();
+    let backup = cluster.backup("etcd-backup");
+    cluster.start();
+    life_goes_on(&cluster);
+    cluster.put_configmap(NS, NAME, &[(KEY, &after_backup)]);
+    wait_until(15 * SECOND, || {
+        published().as_deref() == Some(&after_backup)
+    });
+
+    // The restored store holds both the source and the published ConfigMap as they were.
+    restore(&cluster, &publisher, &backup);
+    assert!(
+        eventually(10 * SECOND, || source_up(&publisher) == Some(1.0)),
+        "the publisher's source is not up 10 s after the API server answered\n{}",
+        publisher.log()
+    );
+    assert_eq!(published().as_deref(), Some(backed_up.as_str()));
+    let made = Instant::now();
+    cluster.put_configmap(NS, NAME, &[(KEY, &after_restore)]);
+    assert!(
+        eventually(10 * SECOND, || published().as_deref()
+            == Some(&after_restore)),
+        "a rotation made after the restore was not published within 10 s\n{}",
+        publisher.log()
+    );
+    eprintln!(
+        "the publisher published a rotation made after the restore in {:?}",
+        made.elapsed()
+    );
+    let log = publisher.log();
+    assert!(
+        log.contains("store went back"),
+        "a resourceVersion that went back is logged as such\n{log}"
+    );
+}
