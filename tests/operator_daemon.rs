@@ -512,3 +512,75 @@ fn without_a_kubelet_config_the_use_of_the_bundle_is_not_known() {
     let (_, body) = agent.get("/metrics").unwrap();
     assert!(samples(&body, USES).is_empty(), "{body}");
 }
+
+// Issue 34, item 6: an expired signer the sources still carry beside a valid one.
+
+#[test]
+fn an_expired_signer_beside_a_valid_one_is_a_warning_naming_it_in_the_log_and_in_health() {
+    let node = Node::new();
+    let expired = Signer::valid_between(
+        "old-signer",
+        Algorithm::P256,
+        Span::days(-30),
+        Span::days(-1),
+    );
+    let live = Signer::new("new-signer", Algorithm::P256);
+    let source = node.source("signers.pem", expired.pem() + &live.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    agent.wait_listening();
+    wait_until(5 * SECOND, || verbose(&agent).0 == 200);
+    // The bundle keeps it (the default), and says so: ready, with a warning naming it.
+    let page = verbose(&agent).1;
+    let line = check_line(&page, "bundle-valid");
+    assert!(
+        line.starts_with("[+]bundle-valid ok, with a warning:"),
+        "{page}"
+    );
+    assert!(
+        line.contains("old-signer") && line.contains(&short_sha256(&expired.pem())),
+        "{line}"
+    );
+    assert!(line.contains("--drop-expired"), "{line}");
+    assert!(!line.contains("new-signer"), "{line}");
+    // The log: a WARN line naming it (not INFO), once the bundle is written.
+    wait_until(5 * SECOND, || agent.log().contains("expired certificate"));
+    let log = agent.log();
+    let warned = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("old-signer"))
+        .unwrap_or_else(|| panic!("no WARN line names old-signer:\n{log}"));
+    assert!(warned.contains(&short_sha256(&expired.pem())), "{warned}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("new-signer")),
+        "{log}"
+    );
+}
+
+// Issue 34, item 3: with no authentication configured, the warning at start says what to set
+// and where (the unit's environment file on Debian and on RPM systems).
+
+#[test]
+fn without_authentication_the_warning_at_start_says_what_to_set_and_where() {
+    let node = Node::new();
+    let source = node.source("signers.pem", pki::bundle_of(1, "ca"));
+    let agent = Agent::start_with(&node, &[&source], &[], |cmd| {
+        cmd.env_remove("KUBELET_CA_AGENT_INSECURE_METRICS");
+    });
+    agent.wait_listening();
+    assert_eq!(agent.get("/metrics").map(|(code, _)| code), Some(401));
+    let log = agent.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("/metrics answers 401 to everyone"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    for what in [
+        "KUBELET_CA_AGENT_CLIENT_CA_FILE",
+        "KUBELET_CA_AGENT_AUTHORIZED_USERS",
+        "KUBELET_CA_AGENT_INSECURE_METRICS=true",
+        "/etc/default/kubelet-ca-agent",
+        "/etc/sysconfig/kubelet-ca-agent",
+    ] {
+        assert!(warning.contains(what), "{what} not said: {warning}");
+    }
+}
