@@ -58,12 +58,25 @@ test -f /etc/default/kubelet-ca-agent
 ENVIRONMENT=()
 # 1. sync with no flag and no environment: the default source, which is OpenShift's.
 step sync-default "$BIN" sync
+# 1b. run, the same (only its port set, in the environment): the log names the source.
+set +e
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$W/home" KUBELET_CA_AGENT_LISTEN=127.0.0.1:$PORT \
+  "$BIN" run >"$W/out/run-default.out" 2>"$W/out/run-default.err" &
+agent=$!
+for _ in $(seq 150); do
+  grep -q 'use --source' "$W/out/run-default.err" && break
+  sleep 0.1
+done
+kill -TERM $agent; wait $agent
+set -e
 # 2. the environment file, edited as the docs' kubeadm steps say, and sync.
 sed -i -e "s|^KUBELET_CA_AGENT_SOURCE=.*|KUBELET_CA_AGENT_SOURCE=$KUBEADM_SOURCE|" \
        -e "s|^KUBELET_CA_AGENT_LISTEN=.*|KUBELET_CA_AGENT_LISTEN=127.0.0.1:$PORT|" /etc/default/kubelet-ca-agent
 environment
 step sync "$BIN" sync
 cp /etc/kubernetes/kubelet-ca.crt "$W/out/bundle.crt" 2>/dev/null || true
+# The docs' gate before the kubelet is pointed at the bundle.
+step inspect "$BIN" inspect /etc/kubernetes/kubelet-ca.crt
 # 3. the daemon, with no flag: its health and metrics once ready.
 set +e
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$W/home" "${ENVIRONMENT[@]}" "$BIN" run >"$W/out/run.out" 2>"$W/out/run.err" &
@@ -182,6 +195,24 @@ fn a_kubeadm_node_on_debian_works_from_the_docs_with_no_flag() {
     );
     assert!(!err.contains("TLS bootstrap"), "{err}");
 
+    // 1b. run, the same: the daemon's log names the source that this cluster has.
+    let log = read("run-default.err");
+    let hint = log
+        .lines()
+        .find(|l| l.contains(&format!("use --source {KUBEADM_SOURCE}")))
+        .unwrap_or_else(|| panic!("run does not name {KUBEADM_SOURCE}:\n{log}"));
+    assert!(
+        hint.contains("WARN")
+            && hint.contains("configmap:openshift-config-managed/kube-apiserver-client-ca"),
+        "{hint}"
+    );
+    assert!(
+        log.contains(
+            "kubeconfig /etc/kubernetes/kubelet.conf (the kubelet's kubeconfig on kubeadm)"
+        ),
+        "{log}"
+    );
+
     // 2. With the source set in /etc/default/kubelet-ca-agent, no flag: the bundle holds the
     //    cluster's client CA, which openssl verifies the node's certificate with.
     let err = read("sync.err");
@@ -193,6 +224,9 @@ fn a_kubeadm_node_on_debian_works_from_the_docs_with_no_flag() {
         &w.join("out/bundle.crt"),
         &node_crt
     ));
+
+    // The docs' gate (docs/operations.md, "On kubeadm"): inspect passes on that bundle.
+    assert_eq!(read("inspect.code").trim(), "0", "{}", read("inspect.out"));
 
     // 3. run, with no flag: ready, the kubelet uses the bundle, the source is up, the
     //    credentials said at start.
