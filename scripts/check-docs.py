@@ -63,6 +63,7 @@ FOREIGN_PROSE_FLAGS = {
         "--in-place": "cargo mutants",
         "--timeout": "cargo mutants",
         "--iterate": "cargo mutants",
+        "--in-diff": "cargo mutants",
     },
 }
 # Programs the sandbox runs (besides kubelet-ca-agent and `kubectl kustomize`).
