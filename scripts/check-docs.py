@@ -28,6 +28,15 @@ too many. KUBELET_CA_AGENT_* names must be the environment names of real flags, 
 named must exist, cargo flags must be in `cargo <command> --help`, and links to other
 files of the repository (with their #anchors) must resolve.
 
+Stated exit codes and defaults, in the docs' prose and in every --help text:
+  - Each statement of an exit code ("exits 0", "(exit 2)", "Exits 0 when ..., 1 when ...")
+    is matched by a pattern of EXIT_CLAIMS, whose scenario runs the binary in a sandbox as
+    above: the code stated must be the code the binary exits with. A statement no pattern
+    covers is an error (add a scenario, or to UNCHECKED_EXITS with why it cannot run here).
+  - Each default stated beside its flag (`--flag` (default X), `--flag` (X)) and those of
+    DEFAULT_CLAIMS must be the [default: ...] of that flag's --help, which the binary prints
+    from the value it uses.
+
 Usage: scripts/check-docs.py [--binary PATH] [--verbose] [FILE.md ...]
 """
 
@@ -54,6 +63,7 @@ FOREIGN_PROSE_FLAGS = {
         "--in-place": "cargo mutants",
         "--timeout": "cargo mutants",
         "--iterate": "cargo mutants",
+        "--in-diff": "cargo mutants",
     },
 }
 # Programs the sandbox runs (besides kubelet-ca-agent and `kubectl kustomize`).
@@ -114,6 +124,7 @@ class Command:
         self.subcommands = {}
         self.subcommand_names = []
         self.required = []
+        self.text = text
         self._parse(text)
 
     def _parse(self, text):
@@ -603,6 +614,10 @@ def parse_markdown(doc, text):
     para, para_start = [], 0
     while i < len(lines):
         m = FENCE.match(lines[i])
+        # CommonMark: the info string of a backtick fence holds no backtick, so a line that
+        # starts with an inline span of backticks (```` ```sh ````) opens no block.
+        if m and m.group(2)[0] == "`" and "`" in m.group(3):
+            m = None
         if m:
             if para:
                 prose.append((para_start, "\n".join(para)))
@@ -716,6 +731,276 @@ def check_prose(doc, prose, root, fail):
                 fail.error(where, f"link to {target}: no heading with that anchor")
 
 
+# --- stated exit codes and defaults -----------------------------------------------------
+
+# Where a text states an exit code: "exit 2", "exits 0", "(exit 1)", "exit code 2".
+EXIT_SITE = re.compile(r"\b[Ee]xit(?:s|ed)?(?: code)?:?\s*\(?(?:with\s+)?(?P<code>[0-2])\b")
+# ... and a code later in the sentence: "Exits as the sync would (2 for ...)", "exits 0 when
+# ..., 1 when ...".
+EXIT_LATER = re.compile(r"\b[Ee]xit(?:s|ed)?\b[^.]{0,120}?[(,;] ?(?P<code>[0-2]) (?:for|when|on)\b")
+# Each scenario: a script run in a fresh sandbox (as the docs' blocks are: $SB is its root,
+# the bundle and state dir are in the environment, dir:$SIGNERS are three valid signers),
+# whose exit code is the binary's; and the patterns (over the docs' prose and the --help
+# texts, whitespace collapsed) whose group `code` states it.
+SIGNERS = "dir:$SB/etc/kubernetes/signers"
+FREE_PORT = "$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])')"
+# An agent running on this sandbox's bundle and state dir (for the lock), its pid in $AGENT.
+AGENT = (f"kubelet-ca-agent run --source {SIGNERS} --listen 127.0.0.1:{FREE_PORT} --insecure-metrics 2>/dev/null & AGENT=$!\n"
+         "for _ in $(seq 100); do [ -s \"$KUBELET_CA_AGENT_STATE_DIR/agent.lock\" ] && break; sleep 0.1; done; sleep 0.3\n")
+EXIT_CLAIMS = {
+    "sync writes": (
+        f"kubelet-ca-agent sync --source {SIGNERS}",
+        [r"`sync`: (?P<code>\d) written or already in sync",
+         r"`sync` exits (?P<code>\d) when the file was written or already in sync",
+         r"Exits (?P<code>\d) when the file was written or was already in sync"],
+    ),
+    "sync with an unreadable source": (
+        f"kubelet-ca-agent sync --source file:$SB/no-such-source.pem",
+        [r"`sync`: 0 written or already in sync; (?P<code>\d) a source unreadable",
+         r"in sync, (?P<code>\d) on a runtime failure",
+         r"(?P<code>\d) when a source is unreadable or rejected",
+         r"the error line of `sync`, which then exits (?P<code>\d)",
+         r"`sync` is one-shot: it exits (?P<code>\d) with one line"],
+    ),
+    "sync with a usage error": (
+        "kubelet-ca-agent sync --source no-such-scheme:x",
+        [r"(?P<code>\d) a usage or configuration error, with nothing written",
+         r"(?P<code>\d) on a usage error",
+         r"`UsageError` \(exit (?P<code>\d)\)",
+         r"already refused as a usage error \(exit (?P<code>\d)\)"],
+    ),
+    "sync into a missing directory": (
+        f"kubelet-ca-agent sync --source {SIGNERS} --bundle $SB/no-such-dir/kubelet-ca.crt",
+        [r"does not exist is refused \(exit (?P<code>\d)\) by `sync`",
+         r"a missing directory, a bundle a running agent manages: exit (?P<code>\d) without --dry-run"],
+    ),
+    "sync --dry-run into a missing directory": (
+        f"kubelet-ca-agent sync --dry-run --source {SIGNERS} --bundle $SB/no-such-dir/kubelet-ca.crt",
+        [r"`sync --dry-run` prints its plan and exits (?P<code>\d)",
+         r"`sync --dry-run` prints its plan, exits (?P<code>\d)",
+         r"With --dry-run: exits (?P<code>\d) having written nothing",
+         r"write nothing, and exit (?P<code>\d)\.",
+         r"write nothing\. Exits as the sync would[^(]*\((?P<code>\d) for a missing directory"],
+    ),
+    "sync beside a running agent": (
+        AGENT + f"kubelet-ca-agent sync --source {SIGNERS}; s=$?; kill $AGENT; wait $AGENT; exit $s",
+        [r"refuses that bundle \(exit (?P<code>\d)\)",
+         r"`sync` refuses its bundle \(exit (?P<code>\d)\)"],
+    ),
+    "a second run with the same state dir": (
+        AGENT + f"kubelet-ca-agent run --source {SIGNERS} --listen 127.0.0.1:{FREE_PORT} --insecure-metrics; s=$?; kill $AGENT; wait $AGENT; exit $s",
+        [r"a second `run` with the same `--state-dir` exits (?P<code>\d)"],
+    ),
+    "run on a port in use": (
+        f"P={FREE_PORT}\npython3 -c \"import socket, time; s=socket.socket(); s.bind(('127.0.0.1', $P)); s.listen(); time.sleep(30)\" & L=$!; sleep 0.5\n"
+        f"timeout 20 kubelet-ca-agent run --source {SIGNERS} --listen 127.0.0.1:$P --insecure-metrics; s=$?; kill $L; exit $s",
+        [r"A port already in use is not a usage error: it exits (?P<code>\d)"],
+    ),
+    "run stopped by SIGTERM": (
+        AGENT + "kill -TERM $AGENT; wait $AGENT",
+        [r"SIGTERM or SIGINT finishes a write in progress, then exits (?P<code>\d)"],
+    ),
+    "run with --insecure-metrics off loopback": (
+        f"kubelet-ca-agent run --source {SIGNERS} --listen 192.0.2.1:9745 --insecure-metrics",
+        [r"refused off loopback, exit (?P<code>\d)",
+         r"Anything else is refused at start with exit (?P<code>\d)",
+         r"flags that do not hold together \(exit (?P<code>\d)\)",
+         r"flags that do not hold together are refused \(exit (?P<code>\d)\)"],
+    ),
+    "an --exec-on-change program that does not exist": (
+        f"kubelet-ca-agent sync --source {SIGNERS} --exec-on-change $SB/no-such-program",
+        [r"sync and run refuse to start \(exit (?P<code>\d)\)",
+         r"what is wrong\.|Otherwise they exit (?P<code>\d), naming the program"],
+    ),
+    "--manage at the --bundle path": (
+        f"kubelet-ca-agent sync --source {SIGNERS} --manage $KUBELET_CA_AGENT_BUNDLE={SIGNERS}",
+        [r"two `--manage` at one path, exits (?P<code>\d)"],
+    ),
+    "a registry spec of the wrong form": (
+        f"kubelet-ca-agent sync --source {SIGNERS} --manage-registries $SB/certs.d=file:$SB/x.pem",
+        [r"`file:`\) exits (?P<code>\d), naming the form to use"],
+    ),
+    "inspect of a valid bundle": (
+        "kubelet-ca-agent inspect $KUBELET_CA_AGENT_BUNDLE",
+        [r"`inspect`: (?P<code>\d) all certificates valid",
+         r"Exits (?P<code>\d) when every certificate is valid",
+         r"inspect /etc/kubernetes/kubelet-ca\.crt # exit (?P<code>\d)",
+         r"/kubelet-ca-agent inspect`: exit (?P<code>\d), the bundle is there"],
+    ),
+    "inspect of a certificate that expires within --warn-within": (
+        "kubelet-ca-agent inspect $KUBELET_CA_AGENT_BUNDLE --warn-within 400d",
+        [r"all certificates valid; (?P<code>\d) one is expired, not yet valid, expires within",
+         r"(?P<code>\d) when one is expired, not yet valid, expires within",
+         r"expires within this duration as a problem \(exit (?P<code>\d)\)",
+         r"Exit (?P<code>\d) with a certificate marked `EXPIRED`",
+         r"Exit (?P<code>\d) with nothing `valid`"],
+    ),
+    "inspect of a file that does not exist": (
+        "kubelet-ca-agent inspect $SB/no-such-bundle.crt",
+        [r"(?P<code>\d) the input is unreadable or holds no certificate",
+         r"(?P<code>\d) when the input is unreadable",
+         r"or exit (?P<code>\d) \(no file, or no certificate in it\)"],
+    ),
+    "inspect of input without a certificate": (
+        "echo no-certificate-here | kubelet-ca-agent inspect -",
+        [r"(?P<code>\d) the input is unreadable or holds no certificate",
+         r"(?P<code>\d) when the input is unreadable or holds no certificate"],
+    ),
+    "drift check with no drift": (
+        "echo '{\"ignition\": {\"version\": \"3.4.0\"}, \"storage\": {\"files\": [{\"path\": \"/etc/kubernetes/kubelet-ca.crt\", \"contents\": {\"source\": \"data:,\"}}]}}' >$SB/clean.json\n"
+        "kubelet-ca-agent drift check --rendered $SB/clean.json --root $SB",
+        [r"`drift check`: (?P<code>\d) no drift",
+         r"Exit codes: (?P<code>\d) no file drifted",
+         r"Exits (?P<code>\d) when no file drifted"],
+    ),
+    "drift check of a drifted file": (
+        "kubelet-ca-agent drift check --rendered rendered.json --root $SB",
+        [r"`drift check`: 0 no drift, (?P<code>\d) a file drifted",
+         r"(?P<code>\d) at least one did",
+         r"no file drifted, (?P<code>\d) when one did"],
+    ),
+    "drift check of an invalid document": (
+        "echo '{' >$SB/bad.json; kubelet-ca-agent drift check --rendered $SB/bad.json --root $SB",
+        [r"1 a file drifted, (?P<code>\d) the document is unreadable or invalid",
+         r"(?P<code>\d) when the document is unreadable or invalid \(the message"],
+    ),
+    "drift strip": (
+        "kubelet-ca-agent drift strip --rendered rendered.json >/dev/null",
+        [r"the other `drift` commands: (?P<code>\d), or 2",
+         r"Every other byte of the document is printed as it was\. Exits (?P<code>\d), or 2"],
+    ),
+    "drift strip of an invalid document": (
+        "echo '{' >$SB/bad.json; kubelet-ca-agent drift strip --rendered $SB/bad.json",
+        [r"the other `drift` commands: 0, or (?P<code>\d)",
+         r"printed as it was\. Exits 0, or (?P<code>\d) when the document",
+         r"refuses the same invalid ones \(exit (?P<code>\d)\)"],
+    ),
+    "drift exclusions": (
+        "kubelet-ca-agent drift exclusions",
+        [r"current content \(json\)\. Exits (?P<code>\d), or 2"],
+    ),
+    "drift exclusions with an unreadable managed-files.json": (
+        "echo '{' >$KUBELET_CA_AGENT_STATE_DIR/managed-files.json; kubelet-ca-agent drift exclusions",
+        [r"Exits 0, or (?P<code>\d) when managed-files\.json cannot be read",
+         r"cannot be read or does not parse is an error \(exit (?P<code>\d)\)"],
+    ),
+}
+# Exit codes stated for what the sandbox cannot run, and why.
+UNCHECKED_EXITS = [
+    (r"`--once` publishes and exits \(0 published[^)]*\)", "publish needs a cluster"),
+    (r"Publish once and exit|exit 0 \(applied, or already published\), 1 \(a source or the API server failed[^)]*\)?(, or 2[^.]*)?",
+     "publish needs a cluster"),
+    (r"is left as it was while the others are written, and the run exits 1",
+     "a --manage file that cannot be used: a file the sandbox cannot make unwritable as root"),
+    (r"a refused or unwritable registry is left as it was and the run exits 1",
+     "an unwritable registry directory: the sandbox runs as root"),
+]
+
+
+def prose_texts(docs, root):
+    """(where, text) of each prose paragraph of the docs and each --help text, whitespace
+    collapsed."""
+    texts = []
+    for doc in docs:
+        _, prose = parse_markdown(doc, open(os.path.join(ROOT, doc), encoding="utf-8").read())
+        texts += [(f"{doc}:{start}", re.sub(r"\s+", " ", text)) for start, text in prose]
+        blocks, _ = parse_markdown(doc, open(os.path.join(ROOT, doc), encoding="utf-8").read())
+        # Comments in shell blocks state exit codes too (`inspect ... # exit 0`).
+        texts += [(f"{doc}:{b.line}", re.sub(r"\s+", " ", b.text)) for b in blocks
+                  if b.lang in SHELL_LANGS]
+    for c in all_commands(root):
+        texts.append((f"`{c.name()} --help`", re.sub(r"\s+", " ", c.text)))
+    return texts
+
+
+def run_scenario(script, binary, base):
+    sb, work, bindir = make_sandbox(binary, base)
+    env = sandbox_env(sb, bindir)
+    try:
+        out = subprocess.run(["bash", "-c", f"SB={shlex.quote(sb)}\nSIGNERS={shlex.quote(sb)}/etc/kubernetes/signers\n{script}"],
+                             cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after 60 s"
+    return out.returncode, out.stderr.strip().splitlines()[-1:] or [""]
+
+
+def check_exit_codes(texts, binary, base, fail, verbose):
+    actual = {}
+    for name, (script, _) in EXIT_CLAIMS.items():
+        code, last = run_scenario(script, binary, base)
+        actual[name] = code
+        if verbose:
+            print(f"exit code of {name}: {code} ({last[0][:100] if last else ''})")
+        if code not in (0, 1, 2):
+            fail.error("check-docs", f"scenario {name!r} exited {code}: {last}")
+    checked = 0
+    for where, text in texts:
+        covered = []
+        for name, (_, patterns) in EXIT_CLAIMS.items():
+            for pattern in patterns:
+                for m in re.finditer(pattern, text):
+                    if m.group("code") is None:
+                        continue
+                    covered.append(m.span())
+                    checked += 1
+                    stated = int(m.group("code"))
+                    if stated != actual[name]:
+                        fail.error(where, f"says {m.group(0)!r}: exit {stated}, but the binary exits "
+                                          f"{actual[name]} for {name}")
+        for pattern, _why in UNCHECKED_EXITS:
+            covered += [m.span() for m in re.finditer(pattern, text)]
+        for m in list(EXIT_SITE.finditer(text)) + list(EXIT_LATER.finditer(text)):
+            at = m.start("code")
+            if not any(a <= at < b for a, b in covered):
+                context = text[max(0, m.start() - 60):m.end() + 30]
+                fail.error(where, f"states exit {m.group('code')} in {context!r}, which no "
+                                  "scenario of check-docs checks (add it to EXIT_CLAIMS, or to "
+                                  "UNCHECKED_EXITS with why)")
+    return checked
+
+
+# Defaults stated away from their flag: (pattern with group `value`, the flag).
+DEFAULT_CLAIMS = [
+    (r"Default state dir: `(?P<value>[^`]+)`", "state-dir"),
+    (r"The default source is OpenShift's \(`(?P<value>[^`]+)`\)", "source"),
+    (r"`publish`\*\* runs on the cluster side.*?\(default `(?P<value>[^`]+)`\)", "source"),
+    (r"\(default `(?P<value>[^`]+)`\) lists", "state-dir", "managed-files.json"),
+]
+# A default stated beside its flag: `--flag` (default X), `--flag` (X), `--flag` ... (default X).
+BESIDE = re.compile(r"`--(?P<flag>[a-z0-9-]+)`(?P<between>[^.;`()]{0,40}?)\((?P<default>default:? )?`?(?P<value>[^`)\s,;]+)`?\)")
+
+
+def check_defaults(texts, root, fail):
+    defaults = {}
+    for c in all_commands(root):
+        for name, opt in c.options.items():
+            if opt["default"] is not None:
+                defaults.setdefault(name, set()).add(opt["default"])
+    checked = 0
+    for where, text in texts:
+        for m in BESIDE.finditer(text):
+            flag, value = m.group("flag"), m.group("value")
+            if not m.group("default") and m.group("between").strip():
+                continue  # "(X)" only right after the flag: elsewhere it is not a default
+            if flag not in defaults or not re.match(r"^[\w./:-]+$", value) or value in ("the",):
+                continue
+            checked += 1
+            if value not in defaults[flag]:
+                fail.error(where, f"says the default of --{flag} is {value}; --help says "
+                                  f"{' or '.join(sorted(defaults[flag]))}")
+        for claim in DEFAULT_CLAIMS:
+            pattern, flag = claim[0], claim[1]
+            for m in re.finditer(pattern, text):
+                value = m.group("value")
+                if len(claim) > 2:
+                    value = value.rsplit("/", 1)[0] if value.endswith(claim[2]) else value
+                checked += 1
+                if value not in defaults.get(flag, ()):
+                    fail.error(where, f"says the default of --{flag} is {value}; --help says "
+                                      f"{' or '.join(sorted(defaults.get(flag, ['none'])))}")
+    return checked
+
+
 # --- the sandbox ----------------------------------------------------------------------
 
 
@@ -781,6 +1066,21 @@ def map_paths(text, sb):
     return text
 
 
+def sandbox_env(sb, bindir):
+    env = clean_env()
+    for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        env.pop(k, None)
+    env.update({
+        "PATH": bindir + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.path.join(sb, "home"),
+        "KUBECONFIG": os.path.join(sb, "no-kubeconfig"),
+        "KUBELET_CA_AGENT_BUNDLE": sb + "/etc/kubernetes/kubelet-ca.crt",
+        "KUBELET_CA_AGENT_STATE_DIR": sb + "/var/lib/kubelet-ca-agent",
+        "LC_ALL": "C",
+    })
+    return env
+
+
 def run_block(block, binary, base, verbose):
     sb, work, bindir = make_sandbox(binary, base)
     body = "\n".join(map_paths(s, sb) for s in block.script)
@@ -796,17 +1096,7 @@ __doc_err() {{
 trap __doc_err ERR
 {body}
 """
-    env = clean_env()
-    for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
-        env.pop(k, None)
-    env.update({
-        "PATH": bindir + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.path.join(sb, "home"),
-        "KUBECONFIG": os.path.join(sb, "no-kubeconfig"),
-        "KUBELET_CA_AGENT_BUNDLE": sb + "/etc/kubernetes/kubelet-ca.crt",
-        "KUBELET_CA_AGENT_STATE_DIR": sb + "/var/lib/kubelet-ca-agent",
-        "LC_ALL": "C",
-    })
+    env = sandbox_env(sb, bindir)
     try:
         out = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True,
                              text=True, timeout=120)
@@ -903,8 +1193,13 @@ def main():
                         fail.error(where, f"the block failed in the sandbox:\n    {why}")
                 if opts.verbose or verdict == "FAILED":
                     print(f"{where} ```{block.lang}: {verdict}")
+        texts = prose_texts(docs, root)
+        exits_checked = check_exit_codes(texts, binary, base, fail, opts.verbose)
+        defaults_checked = check_defaults(texts, root, fail)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    print(f"check-docs: {exits_checked} statements of an exit code checked against the binary "
+          f"({len(EXIT_CLAIMS)} scenarios), {defaults_checked} statements of a default against --help")
     print(f"check-docs: {len(docs)} files; shell blocks: {counts['ran']} run in the sandbox, "
           f"{counts['parsed']} parsed, {counts['marked']} marked cluster/node (parsed)")
     if fail.unknown_flags:

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
 # bundles and talk TLS, chattr for the permission faults, prometheus for promtool and a real
-# scrape over mTLS, strace for the durability syscalls, curl as a TLS client, dbus-daemon for a system bus
-# on which a stand-in for systemd takes --kubeconfig-restart-unit's restarts; setpriv and
-# unshare come with util-linux), then format, lints and every test; then
+# scrape over mTLS, strace for the durability syscalls, curl as a TLS client and the real
+# cluster's admin client, dbus-daemon for a system bus on which a stand-in for systemd takes
+# --kubeconfig-restart-unit's restarts, setpriv and unshare from util-linux (unshare -m gives
+# the kubeadm node test its own mount namespace), and etcd-server for the real API server of
+# ../shared/tools/kube-apiserver/cluster: installed here once, before the tests, because that
+# script would otherwise install it from several tests at once, which collide on the dpkg
+# lock), then format, lints and every test; then
 # scripts/check-docs.py checks the commands the docs show against the binary, and
 # scripts/check-ship.sh checks what ships (systemd unit, image, deploy/, alerts), installing
 # systemd-analyze, buildah, python3-venv (kubernetes-validate from PyPI) and, without a
@@ -18,6 +22,8 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v strace >/dev/null || need+=(strace)
 command -v curl >/dev/null || need+=(curl)
 command -v dbus-daemon >/dev/null || need+=(dbus-daemon)
+{ command -v setpriv && command -v unshare; } >/dev/null || need+=(util-linux)
+command -v etcd >/dev/null || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -68,7 +68,9 @@ pub enum Command {
         long_about = "Build the bundle from the sources once, write it if it changed, and exit.\n\n\
                       Exits 0 when the file was written or was already in sync, 1 when a source \
                       is unreadable or rejected or the write failed (the file is left as it was), \
-                      2 on a usage error."
+                      2 on a usage error (a bundle whose directory does not exist, a bundle that a \
+                      running agent manages). With --dry-run: exits 0 having written nothing, and \
+                      says on stderr when the sync itself would be refused."
     )]
     Sync(SyncArgs),
     /// Show the certificates in a bundle, their validity and the time they have left.
@@ -129,7 +131,7 @@ pub struct CommonArgs {
         value_name = "SPEC",
         env = "KUBELET_CA_AGENT_SOURCE",
         value_delimiter = ',',
-        default_value = "configmap:openshift-config-managed/kube-apiserver-client-ca",
+        default_value = crate::source::DEFAULT_SOURCE,
         value_parser = parse_source_spec
     )]
     pub sources: Vec<SourceSpec>,
@@ -555,8 +557,9 @@ pub struct SyncArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Print which certificates would be added and removed and whether the file would
-    /// change; write nothing. Exits as the sync would when that is known ahead (2 for a
-    /// missing directory or a bundle a running agent manages).
+    /// change; write nothing, and exit 0. What would stop the sync itself (a missing
+    /// directory, a bundle a running agent manages: exit 2 without --dry-run) is said on
+    /// stderr.
     #[arg(long, env = "KUBELET_CA_AGENT_DRY_RUN", value_parser = BoolishValueParser::new())]
     pub dry_run: bool,
     /// Write even though a running agent (`run`) manages the bundle. It will put back its
@@ -667,6 +670,16 @@ pub struct ManagedArgs {
         value_parser = parse_manage
     )]
     pub manage_kubeconfig: Vec<ManageSpec>,
+    /// The registry directories, as `run` is given them (only their paths are used), besides
+    /// those recorded in the state directory: what the agent creates under each is excluded.
+    #[arg(
+        long = "manage-registries",
+        value_name = "DIR=SPEC[,SPEC...]",
+        env = "KUBELET_CA_AGENT_MANAGE_REGISTRIES",
+        value_delimiter = ';',
+        value_parser = parse_manage_registries
+    )]
+    pub manage_registries: Vec<RegistriesSpec>,
 }
 
 /// `drift exclusions --format`.

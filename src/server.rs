@@ -764,7 +764,9 @@ async fn ready(
     // client that may read /readyz by the rules of /metrics gets them; others get the
     // checks and "reason withheld", as the API server answers its anonymous callers.
     let peer = peer.map(|Extension(p)| p.chain).unwrap_or_default();
-    let detailed = checks.iter().all(|c| c.problem.is_none())
+    let detailed = checks
+        .iter()
+        .all(|c| c.problem.is_none() && c.warning.is_none())
         || app.guard.admit(&peer, &headers, "/readyz").await.is_ok();
     let mut body = String::new();
     // Names and reasons carry outside text (paths, source specs, API errors). A failing
@@ -773,7 +775,24 @@ async fn ready(
         let name = escape(&check.name);
         let counted = if check.counted { "" } else { " (not counted)" };
         match check.problem {
-            None => body.push_str(&format!("[+]{name} ok\n")),
+            None => match &check.warning {
+                None => body.push_str(&format!("[+]{name} ok\n")),
+                Some(warning) if detailed => body.push_str(&format!(
+                    "[+]{name} ok, with a warning: {}\n",
+                    escape(warning)
+                )),
+                Some(_) => {
+                    body.push_str(&format!("[+]{name} ok, with a warning: reason withheld\n"))
+                }
+            },
+            // Not known: neither [+] nor [-], and never counted for readiness.
+            Some(why) if check.unknown && detailed => body.push_str(&format!(
+                "[?]{name} unknown: {} (not counted)\n",
+                escape(&why)
+            )),
+            Some(_) if check.unknown => body.push_str(&format!(
+                "[?]{name} unknown: reason withheld (not counted)\n"
+            )),
             Some(why) if detailed => {
                 body.push_str(&format!("[-]{name} failed: {}{counted}\n", escape(&why)))
             }

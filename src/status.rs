@@ -29,6 +29,9 @@ pub struct Status {
     pub file_valid: bool,
     /// Why the file is not valid, when it is not.
     pub file_problem: Option<String>,
+    /// What the operator should know of a valid file: the expired certificates it holds
+    /// (subject and fingerprint), which the kubelet ignores while a valid one remains.
+    pub file_warning: Option<String>,
     /// `Some(true)` when the file equals the bundle built from the sources; `None` before
     /// every source has delivered content once (the adopted file stands meanwhile), or
     /// while a ConfigMap target cannot be seen.
@@ -94,6 +97,12 @@ pub struct Check {
     pub problem: Option<String>,
     /// Whether it counts for readiness.
     pub counted: bool,
+    /// The problem is that the agent cannot tell (`problem` says why): said as unknown,
+    /// neither ok nor failed, and never counted.
+    pub unknown: bool,
+    /// It passes, with something the operator should see (an expired certificate the
+    /// sources still carry beside valid ones).
+    pub warning: Option<String>,
 }
 
 impl Check {
@@ -103,6 +112,8 @@ impl Check {
             name,
             problem,
             counted: true,
+            unknown: false,
+            warning: None,
         }
     }
 
@@ -112,7 +123,26 @@ impl Check {
             name,
             problem,
             counted: false,
+            unknown: false,
+            warning: None,
         }
+    }
+
+    /// A check whose state the agent cannot tell, and why: shown, never counted.
+    pub fn unknown(name: String, why: String) -> Check {
+        Check {
+            name,
+            problem: Some(why),
+            counted: false,
+            unknown: true,
+            warning: None,
+        }
+    }
+
+    /// The same check, passing with `warning` when there is one.
+    pub fn warned(mut self, warning: Option<String>) -> Check {
+        self.warning = warning;
+        self
     }
 }
 
@@ -161,45 +191,52 @@ impl Status {
     }
 
     /// The checks of the file itself: valid (or, for a `--manage` file, nothing to keep),
-    /// and in sync.
-    fn file_checks(&self) -> [(&'static str, Option<String>); 2] {
-        [
-            (
-                "bundle-valid",
-                (!self.file_valid && !self.nothing_to_keep).then(|| {
-                    self.file_problem
-                        .clone()
-                        .unwrap_or_else(|| "the file is not a valid bundle".into())
-                }),
-            ),
-            (
+    /// and in sync; `name` makes each check's name. They count when `counted`, but a sync
+    /// that is not known yet is said as unknown, never as failed (it does not fail
+    /// readiness: the adopted file stands). A valid file that holds an expired certificate
+    /// passes with a warning naming it.
+    fn file_checks(&self, counted: bool, name: impl Fn(&str) -> String) -> [Check; 2] {
+        let make = |check: &str, problem| {
+            if counted {
+                Check::counted(name(check), problem)
+            } else {
+                Check::shown(name(check), problem)
+            }
+        };
+        let valid = make(
+            "bundle-valid",
+            (!self.file_valid && !self.nothing_to_keep).then(|| {
+                self.file_problem
+                    .clone()
+                    .unwrap_or_else(|| "the file is not a valid bundle".into())
+            }),
+        )
+        .warned(self.file_warning.clone());
+        let in_sync = match self.in_sync {
+            Some(true) => make("in-sync", None),
+            Some(false) => make(
                 "in-sync",
-                // Not claimed for a state that cannot be seen: an unknown is said as such.
-                match self.in_sync {
-                    Some(true) => None,
-                    Some(false) => Some(
-                        self.sync_problem
-                            .clone()
-                            .unwrap_or_else(|| "the file differs from the sources".into()),
-                    ),
-                    None => Some(
-                        self.sync_problem
-                            .clone()
-                            .unwrap_or_else(|| "not known yet".into()),
-                    ),
-                },
+                Some(
+                    self.sync_problem
+                        .clone()
+                        .unwrap_or_else(|| "the file differs from the sources".into()),
+                ),
             ),
-        ]
+            // Not claimed for a state that cannot be seen: an unknown is said as such.
+            None => Check::unknown(
+                name("in-sync"),
+                self.sync_problem
+                    .clone()
+                    .unwrap_or_else(|| "not known yet".into()),
+            ),
+        };
+        [valid, in_sync]
     }
 
     /// The readiness checks, in order. Only the file's own validity and sync count for
     /// readiness; every other check is shown for the operator and the alerts.
     pub fn checks(&self) -> Vec<Check> {
-        let mut checks: Vec<Check> = self
-            .file_checks()
-            .into_iter()
-            .map(|(name, problem)| Check::counted(name.to_string(), problem))
-            .collect();
+        let mut checks: Vec<Check> = self.file_checks(true, str::to_string).into();
         if self.kind == TargetKind::File {
             checks.push(Check::shown(
                 "file-watch".to_string(),
@@ -207,20 +244,17 @@ impl Status {
             ));
         }
         if let Some(kubelet) = &self.kubelet {
-            checks.push(Check::shown(
-                "kubelet-uses-bundle".to_string(),
-                kubelet.problem(&self.bundle_path),
-            ));
+            let name = "kubelet-uses-bundle".to_string();
+            checks.push(match (kubelet.uses(), kubelet.problem(&self.bundle_path)) {
+                // Not known is said as such: neither failed nor ok (issue 34).
+                (None, Some(why)) => Check::unknown(name, why),
+                (_, problem) => Check::shown(name, problem),
+            });
         }
         // Each other file's checks, named by its path; its sources among the others, once
         // each.
         for other in &self.others {
-            for (name, problem) in other.file_checks() {
-                checks.push(Check::shown(
-                    format!("{name}:{}", other.bundle_path),
-                    problem,
-                ));
-            }
+            checks.extend(other.file_checks(false, |name| format!("{name}:{}", other.bundle_path)));
         }
         checks.extend(
             self.notes

@@ -656,13 +656,21 @@ fn exclusions_in_each_format() {
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         stdout(&out)
     };
+    // Every path the agent creates under the bundle's directory: the bundle, and the
+    // temporary file each write creates beside it (issue 34), in every format.
+    let dir = node.bundle().parent().unwrap().display().to_string();
+    let temporary = format!("{dir}/.kubelet-ca.crt.kubelet-ca-agent-tmp.*");
+    let aide = format!(
+        "!{bundle}$\n!{}/\\.kubelet-ca\\.crt\\.kubelet-ca-agent-tmp\\.[^/]*$\n",
+        dir
+    );
     // Before the first sync, from the flags.
-    assert_eq!(exclusions("plain"), format!("{bundle}\n"));
-    assert_eq!(exclusions("aide"), format!("!{bundle}$\n"));
+    assert_eq!(exclusions("plain"), format!("{bundle}\n{temporary}\n"));
+    assert_eq!(exclusions("aide"), aide);
     let json: Value = serde_json::from_str(&exclusions("json")).unwrap();
     assert_eq!(
         json,
-        json!({ "record": null, "files": [ { "path": bundle, "sha256": null } ] })
+        json!({ "record": null, "files": [ { "path": bundle, "sha256": null, "temporary": temporary } ], "registry_sets": [] })
     );
 
     // After it, from managed-files.json, with the SHA-256 of the content.
@@ -673,10 +681,38 @@ fn exclusions_in_each_format() {
     let json: Value = serde_json::from_str(&exclusions("json")).unwrap();
     assert_eq!(
         json,
-        json!({ "record": record, "files": [ { "path": bundle, "sha256": sha256_hex(pem.as_bytes()) } ] })
+        json!({ "record": record, "files": [ { "path": bundle, "sha256": sha256_hex(pem.as_bytes()), "temporary": temporary } ], "registry_sets": [] })
     );
-    assert_eq!(exclusions("plain"), format!("{bundle}\n"));
-    assert_eq!(exclusions("aide"), format!("!{bundle}$\n"));
+    assert_eq!(exclusions("plain"), format!("{bundle}\n{temporary}\n"));
+    assert_eq!(exclusions("aide"), aide);
+    // The AIDE rule matches the names the writer gives its temporary files, and nothing
+    // else, by a regex engine nobody here wrote (grep -E, as AIDE's are POSIX-like).
+    let rule = aide
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim_start_matches('!')
+        .to_string();
+    let matches = |name: &str| {
+        Command::new("grep")
+            .args(["-Eq", &format!("^{rule}")])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .map(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(format!("{dir}/{name}\n").as_bytes())
+                    .unwrap();
+                child.wait().unwrap().success()
+            })
+            .unwrap()
+    };
+    assert!(matches(".kubelet-ca.crt.kubelet-ca-agent-tmp.1234.0"));
+    assert!(!matches("xkubelet-caxcrt.kubelet-ca-agent-tmp.1"));
+    assert!(!matches(".kubelet-ca.crt.kubelet-ca-agent-tmp.1/x"));
     // The default path, as SPEC 8 shows it.
     let out = Command::new(agent_bin())
         .args(["drift", "exclusions", "--format", "aide", "--state-dir"])
@@ -684,7 +720,29 @@ fn exclusions_in_each_format() {
         .env_remove("KUBELET_CA_AGENT_BUNDLE")
         .output()
         .unwrap();
-    assert_eq!(stdout(&out), "!/etc/kubernetes/kubelet-ca.crt$\n");
+    assert_eq!(
+        stdout(&out),
+        "!/etc/kubernetes/kubelet-ca.crt$\n!/etc/kubernetes/\\.kubelet-ca\\.crt\\.kubelet-ca-agent-tmp\\.[^/]*$\n"
+    );
+    // A registry set: each registry's directory, its ca.crt and that file's temporary
+    // files, whichever registries come later.
+    let out = Command::new(agent_bin())
+        .args(["drift", "exclusions", "--format", "aide", "--state-dir"])
+        .arg(node.root().join("no-state"))
+        .args([
+            "--manage-registries",
+            "/etc/docker/certs.d=dir:/etc/registries",
+        ])
+        .env_remove("KUBELET_CA_AGENT_BUNDLE")
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).ends_with(
+            "!/etc/docker/certs.d/[^/]+(/(ca\\.crt|\\.ca\\.crt\\.kubelet-ca-agent-tmp\\.[^/]*))?$\n"
+        ),
+        "{}",
+        stdout(&out)
+    );
     // A record that cannot be trusted is an error, never a guess.
     fs::write(&record, "{ not json").unwrap();
     let out = drift(&node, &["exclusions"]);

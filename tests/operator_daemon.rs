@@ -251,7 +251,7 @@ fn in_sync_is_not_claimed_before_any_source_was_read() {
     assert_eq!(code, 503, "the file does not exist: {page}");
     let line = check_line(&page, "in-sync");
     assert!(
-        line.starts_with("[-]in-sync failed: not known yet") && line.contains("no source"),
+        line.starts_with("[?]in-sync unknown: not known yet") && line.contains("no source"),
         "{page}"
     );
     assert!(
@@ -278,7 +278,7 @@ fn an_adopted_bundle_is_ready_but_not_claimed_in_sync_until_the_sources_are_read
     wait_until(5 * SECOND, || verbose(&agent).0 == 200);
     let line = check_line(&verbose(&agent).1, "in-sync");
     assert!(
-        line.starts_with("[-]in-sync failed: not known yet") && line.contains(spec),
+        line.starts_with("[?]in-sync unknown: not known yet") && line.contains(spec),
         "{line}"
     );
 }
@@ -499,9 +499,88 @@ fn without_a_kubelet_config_the_use_of_the_bundle_is_not_known() {
     assert_eq!(code, 200, "{page}");
     assert!(
         check_line(&page, "kubelet-uses-bundle")
-            .starts_with("[-]kubelet-uses-bundle failed: not known"),
+            .starts_with("[?]kubelet-uses-bundle unknown: not known"),
+        "{page}"
+    );
+    // Not known is neither failed nor ok (issue 34): no line says the check failed.
+    assert!(!page.contains("[-]kubelet-uses-bundle"), "{page}");
+    assert!(!page.contains("[+]kubelet-uses-bundle"), "{page}");
+    assert!(
+        check_line(&page, "kubelet-uses-bundle").ends_with("(not counted)"),
         "{page}"
     );
     let (_, body) = agent.get("/metrics").unwrap();
     assert!(samples(&body, USES).is_empty(), "{body}");
+}
+
+// Issue 34, item 6: an expired signer the sources still carry beside a valid one.
+
+#[test]
+fn an_expired_signer_beside_a_valid_one_is_a_warning_naming_it_in_the_log_and_in_health() {
+    let node = Node::new();
+    let expired = Signer::valid_between(
+        "old-signer",
+        Algorithm::P256,
+        Span::days(-30),
+        Span::days(-1),
+    );
+    let live = Signer::new("new-signer", Algorithm::P256);
+    let source = node.source("signers.pem", expired.pem() + &live.pem());
+    let agent = Agent::start(&node, &[&source], &[]);
+    agent.wait_listening();
+    wait_until(5 * SECOND, || verbose(&agent).0 == 200);
+    // The bundle keeps it (the default), and says so: ready, with a warning naming it.
+    let page = verbose(&agent).1;
+    let line = check_line(&page, "bundle-valid");
+    assert!(
+        line.starts_with("[+]bundle-valid ok, with a warning:"),
+        "{page}"
+    );
+    assert!(
+        line.contains("old-signer") && line.contains(&short_sha256(&expired.pem())),
+        "{line}"
+    );
+    assert!(line.contains("--drop-expired"), "{line}");
+    assert!(!line.contains("new-signer"), "{line}");
+    // The log: a WARN line naming it (not INFO), once the bundle is written.
+    wait_until(5 * SECOND, || agent.log().contains("expired certificate"));
+    let log = agent.log();
+    let warned = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("old-signer"))
+        .unwrap_or_else(|| panic!("no WARN line names old-signer:\n{log}"));
+    assert!(warned.contains(&short_sha256(&expired.pem())), "{warned}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("new-signer")),
+        "{log}"
+    );
+}
+
+// Issue 34, item 3: with no authentication configured, the warning at start says what to set
+// and where (the unit's environment file on Debian and on RPM systems).
+
+#[test]
+fn without_authentication_the_warning_at_start_says_what_to_set_and_where() {
+    let node = Node::new();
+    let source = node.source("signers.pem", pki::bundle_of(1, "ca"));
+    let agent = Agent::start_with(&node, &[&source], &[], |cmd| {
+        cmd.env_remove("KUBELET_CA_AGENT_INSECURE_METRICS");
+    });
+    agent.wait_listening();
+    assert_eq!(agent.get("/metrics").map(|(code, _)| code), Some(401));
+    let log = agent.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("/metrics answers 401 to everyone"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    for what in [
+        "KUBELET_CA_AGENT_CLIENT_CA_FILE",
+        "KUBELET_CA_AGENT_AUTHORIZED_USERS",
+        "KUBELET_CA_AGENT_INSECURE_METRICS=true",
+        "/etc/default/kubelet-ca-agent",
+        "/etc/sysconfig/kubelet-ca-agent",
+    ] {
+        assert!(warning.contains(what), "{what} not said: {warning}");
+    }
 }

@@ -634,3 +634,57 @@ fn dry_run_lines_are_aligned_and_an_expired_certificate_is_marked() {
         "a live certificate is not marked: {plan}"
     );
 }
+
+// Issue 34, item 10: the dry run says which change a rewrite of the same certificates is.
+
+#[test]
+fn a_dry_run_tells_a_reorder_from_a_re_encoding_of_the_same_certificates() {
+    let node = Node::new();
+    let (a, b) = (
+        Signer::new("alpha", Algorithm::P256),
+        Signer::new("beta", Algorithm::P256),
+    );
+    let source = node.source("a.pem", format!("{}{}", a.pem(), b.pem()));
+    assert!(node.sync(&[&source], &[]).status.success());
+    let path = source.strip_prefix("file:").unwrap();
+    let dry_run = || {
+        let out = node.sync(&[&source], &["--dry-run"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+
+    // The sources now order them the other way: a reorder, each text unchanged.
+    fs::write(path, format!("{}{}", b.pem(), a.pem())).unwrap();
+    let plan = dry_run();
+    assert!(plan.contains("same 2 certificates, reordered"), "{plan}");
+    assert!(!plan.contains("re-encoded"), "{plan}");
+
+    // The file in the sources' order, but with CRLF line endings: a re-encoding only.
+    fs::write(path, format!("{}{}", a.pem(), b.pem())).unwrap();
+    fs::write(
+        node.bundle(),
+        format!("{}{}", a.pem(), b.pem()).replace('\n', "\r\n"),
+    )
+    .unwrap();
+    let plan = dry_run();
+    assert!(
+        plan.contains("same 2 certificates, in the same order, re-encoded"),
+        "{plan}"
+    );
+    assert!(!plan.contains("reordered"), "{plan}");
+
+    // Both at once.
+    fs::write(path, format!("{}{}", b.pem(), a.pem())).unwrap();
+    let plan = dry_run();
+    assert!(
+        plan.contains("reordered") && plan.contains("re-encoded"),
+        "{plan}"
+    );
+    assert_eq!(
+        node.read_bundle(),
+        format!("{}{}", a.pem(), b.pem())
+            .replace('\n', "\r\n")
+            .into_bytes(),
+        "a dry run writes nothing"
+    );
+}

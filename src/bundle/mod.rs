@@ -179,6 +179,30 @@ fn describe(e: &NoValidCertificate) -> String {
     text
 }
 
+/// What to say of a bundle that holds expired certificates beside valid ones (issue 34): each
+/// named (subject, fingerprint, notAfter), and why it is a warning and not a failure. `None`
+/// when none is expired at `now`. Names come from certificates: the caller escapes the text
+/// where it shows it.
+pub fn expired_warning(certificates: &[Certificate], now: i64) -> Option<String> {
+    let expired: Vec<&Certificate> = certificates
+        .iter()
+        .filter(|c| c.is_expired_at(now))
+        .collect();
+    if expired.is_empty() {
+        return None;
+    }
+    let list = named(&expired, |c| {
+        (
+            *c,
+            format!("notAfter {}", crate::text::rfc3339(c.not_after)),
+        )
+    });
+    Some(format!(
+        "{} expired certificate(s) in the bundle: {list}; the kubelet ignores them while a valid one remains; the sources still carry them (rotate them out there, or set --drop-expired to leave them out)",
+        expired.len()
+    ))
+}
+
 /// `"CN" (sha256 0123456789ab, <detail>)` for each of the first few items (a certificate
 /// and what to say of it), and how many more there are.
 fn named<T>(items: &[T], each: impl Fn(&T) -> (&Certificate, String)) -> String {
@@ -314,6 +338,24 @@ mod build_tests {
         let bundle = Bundle::from_certificates([a.clone(), b, a]);
         assert!(!bundle.is_empty());
         assert_eq!(bundle.len(), 2);
+    }
+
+    #[test]
+    fn an_expired_certificate_beside_a_valid_one_is_named_in_a_warning() {
+        const T: i64 = 1_798_761_600;
+        let expired = ca(Some("old-signer"), None, T - 7200, T - 3600);
+        let valid = ca(Some("new-signer"), None, T - 3600, T + 3600);
+        assert_eq!(expired_warning(std::slice::from_ref(&valid), T), None);
+        let warning = expired_warning(&[valid, expired.clone()], T).unwrap();
+        assert!(
+            warning.starts_with(&format!(
+                "1 expired certificate(s) in the bundle: \"old-signer\" (sha256 {}, notAfter 2026-12-31T23:00:00Z)",
+                expired.fingerprint().short()
+            )),
+            "{warning}"
+        );
+        assert!(warning.contains("--drop-expired"), "{warning}");
+        assert!(!warning.contains("new-signer"), "{warning}");
     }
 
     #[test]

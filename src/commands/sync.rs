@@ -428,6 +428,7 @@ impl Cluster {
             .enable_all()
             .build()?;
         let origin = Origin::resolve(common.kubeconfig.as_deref()).map_err(UsageError)?;
+        tracing::info!(credentials = %origin.describe(), "credentials for the API server chosen");
         // Building the client spawns its request buffer onto the runtime.
         let (client, server) = {
             let _inside = runtime.enter();
@@ -453,6 +454,24 @@ impl Cluster {
             }
             _ => Ok(local::registry_entries(spec)?),
         }
+    }
+
+    /// The kubeadm-style source to name when the default one failed with `reason`: looked
+    /// at only then, with one read.
+    fn kubeadm_hint(&self, spec: &SourceSpec, reason: &str) -> Option<String> {
+        use crate::source::{KUBEADM_SOURCE, KubeadmSource, kubeadm_hint};
+        let spec = spec.to_string();
+        kubeadm_hint(&spec, reason, KubeadmSource::Unknown)?;
+        let (rt, client, server) = self.0.as_ref()?;
+        let kubeadm: SourceSpec = KUBEADM_SOURCE.parse().ok()?;
+        let kubeadm = [kubeadm];
+        let read = cluster::read_sources(client, server, &kubeadm, cluster::bundle_content);
+        let found = match rt.block_on(read).into_iter().next().flatten() {
+            Some(Ok(_)) => KubeadmSource::Exists,
+            Some(Err(e)) if e.reason() == "not_found" => KubeadmSource::Missing,
+            _ => KubeadmSource::Unknown,
+        };
+        kubeadm_hint(&spec, reason, found)
     }
 
     /// Every source of the file at `path`, in order; the first that cannot be used ends
@@ -484,7 +503,10 @@ impl Cluster {
                             cluster::REQUEST_DEADLINE.as_secs(),
                             path.display()
                         ),
-                        Err(error) => return Err(error.into()),
+                        Err(error) => {
+                            let hint = self.kubeadm_hint(spec, error.reason());
+                            return Err(anyhow::anyhow!("{error}{}", hint.unwrap_or_default()));
+                        }
                     }
                 }
                 _ => local::load(spec)?,
@@ -493,6 +515,35 @@ impl Cluster {
             sources.push(parsed);
         }
         Ok(sources)
+    }
+}
+
+/// What a rewrite of the same certificates changes (issue 34): their order (the sources'
+/// order wins), their encoding (the standard PEM form: no text between blocks, LF line
+/// endings, 64-column base64, no duplicate), or both.
+fn same_certificates_change(
+    on_disk: &[u8],
+    old: &[bundle::Certificate],
+    new: &Bundle,
+) -> &'static str {
+    let order = |certificates: &[bundle::Certificate]| {
+        let mut seen = std::collections::HashSet::new();
+        certificates
+            .iter()
+            .map(bundle::Certificate::fingerprint)
+            .filter(|f| seen.insert(*f))
+            .collect::<Vec<_>>()
+    };
+    let reordered = order(old) != order(new.certificates());
+    let reencoded = Bundle::from_certificates(old.iter().cloned()).render() != on_disk;
+    match (reordered, reencoded) {
+        (true, false) => "reordered (as the sources order them); each certificate's text unchanged",
+        (false, _) => {
+            "in the same order, re-encoded in standard PEM form (text between blocks, line endings, line length or a duplicate removed)"
+        }
+        (true, true) => {
+            "reordered (as the sources order them) and re-encoded in standard PEM form (text between blocks, line endings, line length or a duplicate removed)"
+        }
     }
 }
 
@@ -565,11 +616,14 @@ fn plan(
             "{path} is {kind}; it would be replaced by a regular file with {} certificates",
             new.len()
         ),
-        OnDisk::Regular { .. } if diff.added.is_empty() && diff.removed.is_empty() => writeln!(
-            out,
-            "{path} would change: same {} certificates, rewritten in standard form",
-            new.len()
-        ),
+        OnDisk::Regular { bytes, .. } if diff.added.is_empty() && diff.removed.is_empty() => {
+            writeln!(
+                out,
+                "{path} would change: same {} certificates, {}",
+                new.len(),
+                same_certificates_change(bytes, &old, new)
+            )
+        }
         OnDisk::Regular { .. } => writeln!(
             out,
             "{path} would change: {} -> {} certificates ({} added, {} removed)",

@@ -42,18 +42,78 @@ pub enum Origin {
     InCluster { server: String, dir: PathBuf },
 }
 
+/// Where the kubelet keeps its own kubeconfig, by distribution, with the bootstrap
+/// kubeconfig that says, before the kubelet has written its own, which one it will write.
+/// The agent run as root on a node takes the kubelet's identity with no flag (SPEC 3).
+pub const KUBELET_KUBECONFIGS: [KubeletKubeconfig; 2] = [
+    KubeletKubeconfig {
+        path: "/var/lib/kubelet/kubeconfig",
+        bootstrap: "/etc/kubernetes/kubeconfig",
+        chosen_by: "the kubelet's kubeconfig on OpenShift",
+    },
+    KubeletKubeconfig {
+        path: "/etc/kubernetes/kubelet.conf",
+        bootstrap: "/etc/kubernetes/bootstrap-kubelet.conf",
+        chosen_by: "the kubelet's kubeconfig on kubeadm",
+    },
+];
+
+/// The kubeadm kubelet's kubeconfig: named in messages when another one is missing.
+pub const KUBEADM_KUBELET_KUBECONFIG: &str = "/etc/kubernetes/kubelet.conf";
+
+/// One distribution's place for the kubelet's kubeconfig.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KubeletKubeconfig {
+    pub path: &'static str,
+    /// The kubeconfig the kubelet bootstraps from, which exists before `path` does.
+    pub bootstrap: &'static str,
+    pub chosen_by: &'static str,
+}
+
+/// What [`Origin::resolve_in`] may ask of the disk about a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Missing,
+    /// There, but not a kubeconfig (another kind of file at that path).
+    NotKubeconfig,
+    Kubeconfig,
+}
+
+impl Found {
+    /// Whether the file at `path` is there, and a kubeconfig (a YAML document with
+    /// clusters). Blocking file I/O, at start only.
+    pub fn probe(path: &Path) -> Found {
+        match fsutil::open_regular(path, Links::Follow) {
+            Ok(Ok((file, _))) => match fsutil::read_bounded(file, MAX_FILE_BYTES) {
+                Ok(bytes) => match std::str::from_utf8(&bytes).map(Kubeconfig::from_yaml) {
+                    Ok(Ok(config)) if !config.clusters.is_empty() => Found::Kubeconfig,
+                    _ => Found::NotKubeconfig,
+                },
+                Err(_) => Found::NotKubeconfig,
+            },
+            Ok(Err(_)) => Found::NotKubeconfig,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Found::Missing,
+            Err(_) => Found::NotKubeconfig,
+        }
+    }
+}
+
 impl Origin {
     /// `--kubeconfig`, else in-cluster config, else `$KUBECONFIG`, else `~/.kube/config`
-    /// (SPEC 3). A file that does not exist yet is still the origin: on a new node the
-    /// kubelet writes its kubeconfig after the agent has started.
+    /// when it exists, else the kubelet's own kubeconfig where the distribution puts it
+    /// ([`KUBELET_KUBECONFIGS`], when it is a kubeconfig) (SPEC 3). A file that does not
+    /// exist yet is still the origin: on a new node the kubelet writes its kubeconfig after
+    /// the agent has started, and its bootstrap kubeconfig says which one it will be.
     pub fn resolve(explicit: Option<&Path>) -> Result<Origin, String> {
-        Origin::resolve_in(explicit, |name| std::env::var_os(name))
+        Origin::resolve_in(explicit, |name| std::env::var_os(name), Found::probe)
     }
 
-    /// [`Origin::resolve`] with the environment variables as `env` gives them.
+    /// [`Origin::resolve`] with the environment variables as `env` gives them and the
+    /// files as `probe` finds them.
     fn resolve_in(
         explicit: Option<&Path>,
         env: impl Fn(&str) -> Option<std::ffi::OsString>,
+        probe: impl Fn(&Path) -> Found,
     ) -> Result<Origin, String> {
         if let Some(path) = explicit {
             return Ok(Origin::Kubeconfig {
@@ -92,15 +152,44 @@ impl Origin {
                 });
             }
         }
-        match env("HOME").filter(|h| !h.is_empty()) {
+        let home = env("HOME")
+            .filter(|h| !h.is_empty())
+            .map(|home| PathBuf::from(home).join(".kube").join("config"));
+        let kubelet = |path: &'static str, chosen_by| Origin::Kubeconfig {
+            paths: vec![PathBuf::from(path)],
+            chosen_by,
+        };
+        if let Some(home) = &home
+            && probe(home) != Found::Missing
+        {
+            return Ok(Origin::Kubeconfig {
+                paths: vec![home.clone()],
+                chosen_by: "the default ~/.kube/config",
+            });
+        }
+        if let Some(found) = KUBELET_KUBECONFIGS
+            .iter()
+            .find(|k| probe(Path::new(k.path)) == Found::Kubeconfig)
+        {
+            return Ok(kubelet(found.path, found.chosen_by));
+        }
+        // A new node: the kubelet has not written its kubeconfig yet, and its bootstrap
+        // kubeconfig says where it will.
+        if let Some(coming) = KUBELET_KUBECONFIGS.iter().find(|k| {
+            probe(Path::new(k.path)) == Found::Missing
+                && probe(Path::new(k.bootstrap)) == Found::Kubeconfig
+        }) {
+            return Ok(kubelet(coming.path, coming.chosen_by));
+        }
+        match home {
             Some(home) => Ok(Origin::Kubeconfig {
-                paths: vec![PathBuf::from(home).join(".kube").join("config")],
+                paths: vec![home],
                 chosen_by: "the default ~/.kube/config",
             }),
-            None => Err(
-                "no --kubeconfig, no in-cluster service account, no $KUBECONFIG and no $HOME: pass --kubeconfig"
-                    .to_string(),
-            ),
+            None => Err(format!(
+                "no --kubeconfig, no in-cluster service account, no $KUBECONFIG, no $HOME and no kubelet kubeconfig at {}: pass --kubeconfig",
+                KUBELET_KUBECONFIGS.map(|k| k.path).join(" or ")
+            )),
         }
     }
 
@@ -116,6 +205,35 @@ impl Origin {
             }
         }
     }
+}
+
+/// What to add to "kubeconfig PATH does not exist", for the way PATH was chosen. On a
+/// kubeadm node (`kubeadm`: its kubelet's kubeconfig is there), a kubeconfig that will
+/// never appear is not said to come after the TLS bootstrap: the one that exists is named.
+fn missing_hint(path: &Path, chosen_by: &str, kubeadm: bool) -> String {
+    let kubelet_kubeconfig = KUBELET_KUBECONFIGS
+        .iter()
+        .any(|k| Path::new(k.path) == path);
+    if kubeadm && path != Path::new(KUBEADM_KUBELET_KUBECONFIG) {
+        let how = if chosen_by == "--kubeconfig" {
+            "set --kubeconfig (KUBELET_CA_AGENT_KUBECONFIG) to it, or leave it unset to use it"
+        } else {
+            "pass --kubeconfig with it"
+        };
+        return format!(
+            "; this is a kubeadm node: the kubelet's kubeconfig is {KUBEADM_KUBELET_KUBECONFIG}; {how}"
+        );
+    }
+    if chosen_by == "--kubeconfig" || kubelet_kubeconfig {
+        return " yet (on a new node, the kubelet writes it after its TLS bootstrap)".to_string();
+    }
+    if chosen_by == "the default ~/.kube/config" {
+        return format!(
+            "; nor is there a kubelet kubeconfig at {}: pass --kubeconfig",
+            KUBELET_KUBECONFIGS.map(|k| k.path).join(" or ")
+        );
+    }
+    String::new()
 }
 
 fn absolute(path: &Path) -> PathBuf {
@@ -248,10 +366,14 @@ impl Reader {
         let mut merged: Option<Kubeconfig> = None;
         for path in paths {
             let bytes = self.read(path, "kubeconfig").map_err(|e| {
-                let hint = if chosen_by == "--kubeconfig" && e.problem.ends_with("does not exist") {
-                    " yet (on a new node, the kubelet writes it after its TLS bootstrap)"
+                let hint = if e.problem.ends_with("does not exist") {
+                    missing_hint(
+                        path,
+                        chosen_by,
+                        Found::probe(Path::new(KUBEADM_KUBELET_KUBECONFIG)) == Found::Kubeconfig,
+                    )
                 } else {
-                    ""
+                    String::new()
                 };
                 CredentialError {
                     problem: format!("{}{hint}", e.problem),
@@ -687,9 +809,11 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            Origin::resolve_in(None, move |name| {
-                vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.into())
-            })
+            Origin::resolve_in(
+                None,
+                move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.into()),
+                |_| Found::Missing,
+            )
         };
         assert_eq!(
             resolve(&[
@@ -936,6 +1060,155 @@ mod tests {
         .unwrap()
         .problem;
         assert!(missing.ends_with("does not exist"), "{missing}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The origin on a node, with `files` as what is on its disk and `home` as $HOME.
+    fn on_node(home: Option<&str>, files: &[(&str, Found)]) -> Result<Origin, String> {
+        let files: Vec<(PathBuf, Found)> =
+            files.iter().map(|(p, f)| (PathBuf::from(p), *f)).collect();
+        Origin::resolve_in(
+            None,
+            |name| (name == "HOME").then(|| home.map(Into::into)).flatten(),
+            move |path| {
+                files
+                    .iter()
+                    .find(|(p, _)| p == path)
+                    .map_or(Found::Missing, |(_, f)| *f)
+            },
+        )
+    }
+
+    fn kubeconfig_origin(path: &str, chosen_by: &'static str) -> Result<Origin, String> {
+        Ok(Origin::Kubeconfig {
+            paths: vec![PathBuf::from(path)],
+            chosen_by,
+        })
+    }
+
+    #[test]
+    fn without_a_home_kubeconfig_the_kubelets_own_is_taken_where_the_distribution_puts_it() {
+        use Found::{Kubeconfig, NotKubeconfig};
+        let kubeadm = "/etc/kubernetes/kubelet.conf";
+        let openshift = "/var/lib/kubelet/kubeconfig";
+        // A kubeadm node, run as root with no ~/.kube/config: the kubelet's kubeconfig.
+        let origin = on_node(Some("/root"), &[(kubeadm, Kubeconfig)]);
+        assert_eq!(
+            origin,
+            kubeconfig_origin(kubeadm, "the kubelet's kubeconfig on kubeadm")
+        );
+        assert_eq!(
+            origin.unwrap().describe(),
+            "kubeconfig /etc/kubernetes/kubelet.conf (the kubelet's kubeconfig on kubeadm)"
+        );
+        // OpenShift's, and it comes first when both are there.
+        for files in [
+            vec![(openshift, Kubeconfig)],
+            vec![(openshift, Kubeconfig), (kubeadm, Kubeconfig)],
+        ] {
+            assert_eq!(
+                on_node(None, &files),
+                kubeconfig_origin(openshift, "the kubelet's kubeconfig on OpenShift")
+            );
+        }
+        // A file there that is not a kubeconfig is passed over.
+        assert_eq!(
+            on_node(None, &[(openshift, NotKubeconfig), (kubeadm, Kubeconfig)]),
+            kubeconfig_origin(kubeadm, "the kubelet's kubeconfig on kubeadm")
+        );
+        // ~/.kube/config, when it is there, comes first (SPEC 3's order).
+        assert_eq!(
+            on_node(
+                Some("/root"),
+                &[("/root/.kube/config", Kubeconfig), (kubeadm, Kubeconfig)]
+            ),
+            kubeconfig_origin("/root/.kube/config", "the default ~/.kube/config")
+        );
+        // A new node: the bootstrap kubeconfig says which one the kubelet will write.
+        assert_eq!(
+            on_node(
+                Some("/root"),
+                &[("/etc/kubernetes/bootstrap-kubelet.conf", Kubeconfig)]
+            ),
+            kubeconfig_origin(kubeadm, "the kubelet's kubeconfig on kubeadm")
+        );
+        assert_eq!(
+            on_node(None, &[("/etc/kubernetes/kubeconfig", Kubeconfig)]),
+            kubeconfig_origin(openshift, "the kubelet's kubeconfig on OpenShift")
+        );
+        // Nothing at all: ~/.kube/config as before, else an error naming where it looked.
+        assert_eq!(
+            on_node(Some("/root"), &[]),
+            kubeconfig_origin("/root/.kube/config", "the default ~/.kube/config")
+        );
+        let none = on_node(None, &[]).unwrap_err();
+        assert!(
+            none.contains("/etc/kubernetes/kubelet.conf") && none.contains(openshift),
+            "{none}"
+        );
+    }
+
+    #[test]
+    fn a_missing_kubeconfig_on_a_kubeadm_node_names_the_kubelets_and_promises_no_bootstrap() {
+        let openshift = Path::new("/var/lib/kubelet/kubeconfig");
+        let kubeadm = Path::new("/etc/kubernetes/kubelet.conf");
+        let hint = missing_hint(openshift, "--kubeconfig", true);
+        assert!(!hint.contains("bootstrap"), "{hint}");
+        assert!(
+            hint.contains("kubeadm node") && hint.contains("/etc/kubernetes/kubelet.conf"),
+            "{hint}"
+        );
+        assert!(hint.contains("KUBELET_CA_AGENT_KUBECONFIG"), "{hint}");
+        let hint = missing_hint(
+            Path::new("/root/.kube/config"),
+            "the default ~/.kube/config",
+            true,
+        );
+        assert!(
+            hint.contains("/etc/kubernetes/kubelet.conf") && hint.contains("pass --kubeconfig"),
+            "{hint}"
+        );
+        // Elsewhere, the kubelet's own kubeconfig is still to come after its bootstrap.
+        for (path, chosen_by) in [
+            (openshift, "--kubeconfig"),
+            (openshift, "the kubelet's kubeconfig on OpenShift"),
+            (kubeadm, "the kubelet's kubeconfig on kubeadm"),
+        ] {
+            let hint = missing_hint(path, chosen_by, false);
+            assert!(
+                hint.contains("after its TLS bootstrap"),
+                "{chosen_by}: {hint}"
+            );
+        }
+        assert!(missing_hint(kubeadm, "--kubeconfig", true).contains("TLS bootstrap"));
+        let hint = missing_hint(
+            Path::new("/root/.kube/config"),
+            "the default ~/.kube/config",
+            false,
+        );
+        assert!(
+            hint.contains("/var/lib/kubelet/kubeconfig or /etc/kubernetes/kubelet.conf"),
+            "{hint}"
+        );
+        assert_eq!(missing_hint(Path::new("/k"), "$KUBECONFIG", false), "");
+    }
+
+    #[test]
+    fn a_kubeconfig_is_told_from_another_file_and_from_none() {
+        let dir = std::env::temp_dir().join(format!("kca-found-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("kubelet.conf");
+        std::fs::write(
+            &config,
+            "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: https://127.0.0.1:6443}}]\n",
+        )
+        .unwrap();
+        let other = dir.join("other");
+        std::fs::write(&other, "KUBELET_EXTRA_ARGS=--v=2\n").unwrap();
+        assert_eq!(Found::probe(&config), Found::Kubeconfig);
+        assert_eq!(Found::probe(&other), Found::NotKubeconfig);
+        assert_eq!(Found::probe(&dir), Found::NotKubeconfig);
+        assert_eq!(Found::probe(&dir.join("none")), Found::Missing);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

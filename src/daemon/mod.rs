@@ -64,6 +64,7 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
     let sources = args.common.all_sources();
     let credentials = if webhooks || sources.iter().any(|s| s.is_cluster()) {
         let origin = Origin::resolve(args.common.kubeconfig.as_deref()).map_err(UsageError)?;
+        tracing::info!(credentials = %origin.describe(), "credentials for the API server chosen");
         Some(Credentials::follow(origin))
     } else {
         None

@@ -1134,6 +1134,11 @@ impl Publisher {
         let status = Status {
             kind: TargetKind::ConfigMap,
             bundle_path: self.label.clone(),
+            file_warning: crate::bundle::expired_warning(
+                &certificates,
+                time::OffsetDateTime::now_utc().unix_timestamp(),
+            )
+            .filter(|_| valid),
             certificates,
             sha256,
             file_valid: valid,
@@ -1257,6 +1262,7 @@ impl Publisher {
             statuses.push(Status {
                 kind: TargetKind::ConfigMap,
                 bundle_path: label,
+                file_warning: None,
                 sha256: bytes.as_deref().map(|b| Fingerprint::of(b).to_hex()),
                 certificates,
                 file_valid,

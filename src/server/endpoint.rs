@@ -192,7 +192,7 @@ fn guard(
     };
     if !server.insecure_metrics && authenticated.is_empty() {
         tracing::warn!(
-            "no --client-ca-file or --authentication-token-webhook: /metrics answers 401 to everyone (use --client-ca-file, or --insecure-metrics on a loopback address)"
+            "no authentication is configured for /metrics (no --client-ca-file, no --authentication-token-webhook, no --insecure-metrics): /metrics answers 401 to everyone. Set KUBELET_CA_AGENT_CLIENT_CA_FILE with KUBELET_CA_AGENT_AUTHORIZED_USERS or _GROUPS, or KUBELET_CA_AGENT_INSECURE_METRICS=true on a loopback address; for the systemd unit, in /etc/default/kubelet-ca-agent (Debian, Ubuntu) or /etc/sysconfig/kubelet-ca-agent (RPM systems): with neither file, the unit runs with no configuration at all"
         );
     }
     let guard = Guard {

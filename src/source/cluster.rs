@@ -916,6 +916,8 @@ async fn follow<K, T: Clone>(
         last
     };
     let (mut watch, mut action) = Watch::start();
+    // Whether the kubeadm-style source was looked for (once, after the default failed).
+    let mut kubeadm_looked = false;
     // The open watch, and the generation of the credentials whose client opened it.
     let mut open: Option<(BoxStream<'static, kube::Result<WatchEvent<K>>>, u64)> = None;
     // When the open watch was last heard from.
@@ -1031,6 +1033,27 @@ async fn follow<K, T: Clone>(
                 }
             }
         };
+        // The default source missing or refused: said once, with the kubeadm-style
+        // source when the cluster has it (SPEC 3).
+        if !kubeadm_looked && spec == crate::source::DEFAULT_SOURCE {
+            let reason = match (&trouble, &current) {
+                (Some(error), _) => Some(error.reason()),
+                (None, LastSeen::Missing) if told => Some("not_found"),
+                _ => None,
+            };
+            if let Some(reason) = reason.filter(|r| matches!(*r, "not_found" | "forbidden"))
+                && let Some(client) = creds.client.clone()
+            {
+                kubeadm_looked = true;
+                let found = look_for_kubeadm_source(client).await;
+                if let Some(hint) = crate::source::kubeadm_hint(spec, reason, found) {
+                    tracing::warn!(
+                        source = spec,
+                        "source {spec} cannot be read ({reason}){hint}"
+                    );
+                }
+            }
+        }
         if happened == Happened::Failed(Failure::Expired) {
             tracing::info!(
                 source = spec,
@@ -1068,6 +1091,19 @@ async fn follow<K, T: Clone>(
             open = None;
         }
         action = step.action;
+    }
+}
+
+/// Whether the kubeadm-style source ([`crate::source::KUBEADM_SOURCE`]) exists: one list
+/// with a deadline.
+async fn look_for_kubeadm_source(client: Client) -> crate::source::KubeadmSource {
+    use crate::source::KubeadmSource;
+    let api = Api::<ConfigMap>::namespaced(client, "kube-system");
+    let params = ListParams::default().fields(&selector("extension-apiserver-authentication"));
+    match tokio::time::timeout(REQUEST_DEADLINE, api.list(&params)).await {
+        Ok(Ok(list)) if list.items.is_empty() => KubeadmSource::Missing,
+        Ok(Ok(_)) => KubeadmSource::Exists,
+        _ => KubeadmSource::Unknown,
     }
 }
 

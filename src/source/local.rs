@@ -16,7 +16,92 @@ use crate::registry;
 /// Reads and validates a local source. Panics if `spec` is a cluster source.
 pub fn load(spec: &SourceSpec) -> Result<SourceCertificates, SourceError> {
     let parts = read_parts(spec)?;
-    parse_parts(&spec.to_string(), borrowed(&parts))
+    parse_parts(&spec.to_string(), borrowed(&parts)).map_err(|e| explain(spec, &parts, e))
+}
+
+/// A `dir:` source with no certificate: the error names the files it read and the ones it
+/// skipped, and why (only `*.crt` and `*.pem` are read), so that a `signer.cer` is found.
+fn explain(spec: &SourceSpec, parts: &[ReadPart], error: SourceError) -> SourceError {
+    match (spec, &error) {
+        (
+            SourceSpec::Dir(dir),
+            SourceError::Rejected {
+                part: None,
+                rejection: Rejection::NoCertificate,
+                ..
+            },
+        ) => SourceError::Invalid {
+            spec: spec.to_string(),
+            reason: "no_certificate",
+            problem: no_certificate_in_dir(
+                dir,
+                parts.iter().filter_map(|(p, _)| p.clone()).collect(),
+                dir_skipped(dir),
+            ),
+        },
+        _ => error,
+    }
+}
+
+/// What to say of a `dir:` source that holds no certificate: the files read, and those
+/// skipped with why. Names are escaped (they come from the disk).
+fn no_certificate_in_dir(
+    dir: &Path,
+    read: Vec<String>,
+    skipped: Vec<(String, &'static str)>,
+) -> String {
+    let esc = |s: &str| crate::text::escape(s).into_owned();
+    let shown = esc(&dir.display().to_string());
+    let read = if read.is_empty() {
+        format!("no *.crt or *.pem file in {shown}")
+    } else {
+        format!(
+            "no CERTIFICATE block found in {}",
+            read.iter().map(|r| esc(r)).collect::<Vec<_>>().join(", ")
+        )
+    };
+    if skipped.is_empty() {
+        return read;
+    }
+    let mut names: Vec<String> = skipped
+        .iter()
+        .take(10)
+        .map(|(name, why)| format!("{} ({why})", esc(name)))
+        .collect();
+    if skipped.len() > 10 {
+        names.push(format!("and {} more", skipped.len() - 10));
+    }
+    format!(
+        "{read}; skipped: {} (a dir: source reads only the regular files named *.crt or *.pem: rename a PEM signer file to .crt)",
+        names.join(", ")
+    )
+}
+
+/// The entries of `dir` that a `dir:` source does not read, each with why.
+fn dir_skipped(dir: &Path) -> Vec<(String, &'static str)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut skipped: Vec<(String, &'static str)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let wanted = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("crt" | "pem")
+            );
+            if !wanted {
+                Some((name, "not *.crt or *.pem"))
+            } else if !fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                Some((name, "not a regular file"))
+            } else {
+                None
+            }
+        })
+        .collect();
+    skipped.sort();
+    skipped
 }
 
 /// Loads a local source again and again, as the daemon does (on every change, and once a
@@ -41,7 +126,8 @@ impl Loader {
         {
             return Ok(content.clone());
         }
-        let content = parse_parts(&spec.to_string(), borrowed(&parts))?;
+        let content = parse_parts(&spec.to_string(), borrowed(&parts))
+            .map_err(|e| explain(spec, &parts, e))?;
         self.last = Some((digest, content.clone()));
         Ok(content)
     }
@@ -193,4 +279,43 @@ fn read_limited(spec: &str, path: &Path, limit: usize) -> Result<Vec<u8>, Source
 /// (a permission restored, descriptors freed, a mount back); bad content waits for a change.
 pub fn retryable(error: &SourceError) -> bool {
     matches!(error, SourceError::Unreadable { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dir_without_certificates_names_what_it_read_and_what_it_skipped() {
+        let dir = std::env::temp_dir().join(format!("kca-dir-skipped-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("sub.crt")).unwrap();
+        fs::write(dir.join("signer.cer"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        fs::write(dir.join("notes\x1b.txt"), "x").unwrap();
+        let spec = SourceSpec::Dir(dir.clone());
+        let error = load(&spec).unwrap_err();
+        assert_eq!(error.reason(), "no_certificate");
+        let text = error.to_string();
+        let shown = dir.display();
+        assert!(
+            text.contains(&format!("no *.crt or *.pem file in {shown}")),
+            "{text}"
+        );
+        assert!(text.contains("signer.cer (not *.crt or *.pem)"), "{text}");
+        assert!(text.contains("sub.crt (not a regular file)"), "{text}");
+        assert!(text.contains("notes\\u{1b}.txt"), "{text}");
+        assert!(text.contains("rename"), "{text}");
+        // A .pem that holds no certificate is named as read.
+        fs::write(dir.join("empty.pem"), "# nothing\n").unwrap();
+        let text = Loader::default().load(&spec).unwrap_err().to_string();
+        let empty = dir.join("empty.pem");
+        assert!(
+            text.contains(&format!(
+                "no CERTIFICATE block found in {}",
+                empty.display()
+            )),
+            "{text}"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
 }

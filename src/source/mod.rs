@@ -492,6 +492,42 @@ const MAX_CONFIGMAP_KEY: usize = 253;
 
 /// Whether `key` can be a key of a ConfigMap: `[-._a-zA-Z0-9]+`, at most 253 characters,
 /// not `.` or `..` (as the API server validates them).
+/// The default source (SPEC 3): OpenShift's ConfigMap of the kubelet's client CAs.
+pub const DEFAULT_SOURCE: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
+
+/// The kubeadm-style source: the client CA that kube-apiserver itself publishes.
+pub const KUBEADM_SOURCE: &str =
+    "configmap:kube-system/extension-apiserver-authentication/client-ca-file";
+
+/// What a look at the kubeadm-style source found, when the default one could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeadmSource {
+    /// It is there: this is a kubeadm-style cluster.
+    Exists,
+    /// It is not there either.
+    Missing,
+    /// It could not be looked at (the identity may not read it, the server failed).
+    Unknown,
+}
+
+/// What to add to the error of the default source when it does not exist or cannot be read
+/// (`reason` of its [`SourceError`]), given what a look at [`KUBEADM_SOURCE`] found: the
+/// source to use on a kubeadm-style cluster (SPEC 3). `None` for any other source or failure.
+pub fn kubeadm_hint(spec: &str, reason: &str, found: KubeadmSource) -> Option<String> {
+    if spec != DEFAULT_SOURCE || !matches!(reason, "not_found" | "forbidden") {
+        return None;
+    }
+    match found {
+        KubeadmSource::Exists => Some(format!(
+            "; {spec} is OpenShift's, and this cluster has the kubeadm-style one: use --source {KUBEADM_SOURCE} (KUBELET_CA_AGENT_SOURCE)"
+        )),
+        KubeadmSource::Unknown => Some(format!(
+            "; {spec} is OpenShift's default: on a kubeadm cluster use --source {KUBEADM_SOURCE} (KUBELET_CA_AGENT_SOURCE), and let this identity get, list and watch it (docs/operations.md, \"RBAC for the unit\")"
+        )),
+        KubeadmSource::Missing => None,
+    }
+}
+
 pub fn is_configmap_key(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= MAX_CONFIGMAP_KEY
@@ -521,6 +557,36 @@ fn check_key_prefix(prefix: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_missing_default_source_names_the_kubeadm_one_when_the_cluster_has_it() {
+        let hint = kubeadm_hint(DEFAULT_SOURCE, "not_found", KubeadmSource::Exists).unwrap();
+        assert!(hint.contains("use --source configmap:kube-system/extension-apiserver-authentication/client-ca-file"), "{hint}");
+        let forbidden = kubeadm_hint(DEFAULT_SOURCE, "forbidden", KubeadmSource::Exists).unwrap();
+        assert_eq!(forbidden, hint);
+        let unknown = kubeadm_hint(DEFAULT_SOURCE, "forbidden", KubeadmSource::Unknown).unwrap();
+        assert!(
+            unknown.contains("on a kubeadm cluster use --source") && unknown.contains("RBAC"),
+            "{unknown}"
+        );
+        assert_eq!(
+            kubeadm_hint(DEFAULT_SOURCE, "not_found", KubeadmSource::Missing),
+            None
+        );
+        assert_eq!(
+            kubeadm_hint(DEFAULT_SOURCE, "unreachable", KubeadmSource::Exists),
+            None
+        );
+        assert_eq!(
+            kubeadm_hint("configmap:a/b", "not_found", KubeadmSource::Exists),
+            None
+        );
+        assert_eq!(
+            DEFAULT_SOURCE.parse::<SourceSpec>().unwrap().to_string(),
+            DEFAULT_SOURCE
+        );
+        assert!(KUBEADM_SOURCE.parse::<SourceSpec>().is_ok());
+    }
+
     use super::*;
 
     #[test]

@@ -334,6 +334,21 @@ impl Target {
                 let diff = bundle::diff(&old, built.bundle.certificates());
                 let (added, removed) = (diff.added.len(), diff.removed.len());
                 tracing::info!(bundle = %path, certificates, added, removed, sha256 = %sha256, "bundle written");
+                // An expired signer the sources still carry: a warning naming each one.
+                for expired in built
+                    .bundle
+                    .certificates()
+                    .iter()
+                    .filter(|c| c.is_expired_at(now.unix_timestamp()))
+                {
+                    tracing::warn!(
+                        bundle = %path,
+                        subject = %crate::text::escape(&expired.display_name()),
+                        sha256 = %expired.fingerprint(),
+                        not_after = %crate::text::rfc3339(expired.not_after),
+                        "the bundle holds an expired certificate that a source still carries; the kubelet ignores it while a valid one remains (rotate it out of the source, or set --drop-expired)"
+                    );
+                }
                 if let (true, Some(Ok(_)), Some(old)) = (history, &parsed, previous) {
                     self.keep(Record::History(old, now));
                 }

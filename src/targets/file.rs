@@ -598,9 +598,13 @@ impl Managed {
                 }
             }
         };
+        let file_warning = file_valid
+            .then(|| bundle::expired_warning(&certificates, now))
+            .flatten();
         let status = Status {
             kind: TargetKind::File,
             bundle_path: self.file.filepath.clone(),
+            file_warning,
             certificates,
             sha256: bytes.map(|b| Fingerprint::of(b).to_hex()),
             file_valid,

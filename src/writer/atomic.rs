@@ -16,7 +16,7 @@ use crate::fsutil::{Links, open_regular};
 pub const SELINUX_XATTR: &str = "security.selinux";
 
 /// Marks our temporary files: `.<target name>` + this + `<pid>.<sequence>`.
-const TEMP_MARKER: &str = ".kubelet-ca-agent-tmp.";
+pub const TEMP_MARKER: &str = ".kubelet-ca-agent-tmp.";
 
 /// What the new file should look like besides its bytes.
 #[derive(Debug, Clone, Default)]

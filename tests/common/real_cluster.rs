@@ -111,10 +111,15 @@ impl Cluster {
         fs::read_to_string(self.path("pki/ca.crt")).expect("the cluster CA")
     }
 
-    /// A kubeconfig for a client certificate with CN `user` and O `groups`, signed by the
-    /// cluster CA with openssl, its certificate and key in files beside it (as the
-    /// kubelet's `kubelet-client-current.pem` is).
-    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> PathBuf {
+    /// The cluster CA's file.
+    pub fn ca_path(&self) -> PathBuf {
+        self.path("pki/ca.crt")
+    }
+
+    /// A client certificate with CN `user` and O `groups`, signed by the cluster CA with
+    /// openssl: the paths of its certificate and its key (PEM), in `users/USER/` under the
+    /// cluster's directory. A node identity is `system:node:NAME` in `system:nodes`.
+    pub fn client_cert(&self, user: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
         let safe: String = user
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
@@ -162,6 +167,15 @@ impl Cluster {
             "-extfile",
             path_str(&ext),
         ]);
+        (crt, key)
+    }
+
+    /// A kubeconfig for a client certificate with CN `user` and O `groups`, signed by the
+    /// cluster CA ([`Cluster::client_cert`]), its certificate and key in files beside it (as
+    /// the kubelet's `kubelet-client-current.pem` is).
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> PathBuf {
+        let (crt, key) = self.client_cert(user, groups);
+        let dir = crt.parent().expect("users/USER").to_path_buf();
         let kubeconfig = dir.join("kubeconfig");
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: {user}\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: \"{user}\"}}\ncurrent-context: test\n",

@@ -146,12 +146,22 @@ impl Managed {
 
 fn exclusions(args: DriftExclusionsArgs) -> anyhow::Result<Exit> {
     let managed = Managed::load(&args.managed)?;
+    let sets = registry_sets(&args.managed);
     let mut out = String::new();
     match args.format {
         ExclusionFormat::Plain => {
+            // Each path, then the glob of the temporary files its writes create.
             for file in &managed.files {
                 out.push_str(&escape(&file.path.display().to_string()));
                 out.push('\n');
+                out.push_str(&escape(&temporary_glob(&file.path)));
+                out.push('\n');
+            }
+            for set in &sets {
+                for glob in set_globs(set) {
+                    out.push_str(&escape(&glob));
+                    out.push('\n');
+                }
             }
         }
         ExclusionFormat::Aide => {
@@ -160,24 +170,132 @@ fn exclusions(args: DriftExclusionsArgs) -> anyhow::Result<Exit> {
                     "!{}$\n",
                     aide_regex(&file.path.display().to_string())
                 ));
+                out.push_str(&format!("!{}\n", temporary_aide_regex(&file.path)));
+            }
+            for set in &sets {
+                out.push_str(&format!("!{}\n", set_aide_regex(set)));
             }
         }
         ExclusionFormat::Json => {
             #[derive(Serialize)]
+            struct File<'a> {
+                #[serde(flatten)]
+                file: &'a ManagedFile,
+                /// The temporary files a write creates beside it, as a glob.
+                temporary: String,
+            }
+            #[derive(Serialize)]
+            struct Set {
+                /// A `--manage-registries` directory.
+                directory: PathBuf,
+                /// What the agent creates under it, as globs: each registry's directory,
+                /// its CA file and the CA file's temporary files.
+                paths: Vec<String>,
+            }
+            #[derive(Serialize)]
             struct Exclusions<'a> {
                 /// `managed-files.json`, or null when the paths come from the flags.
                 record: Option<&'a Path>,
-                files: &'a [ManagedFile],
+                files: Vec<File<'a>>,
+                registry_sets: Vec<Set>,
             }
             let json = Exclusions {
                 record: managed.record.as_deref(),
-                files: &managed.files,
+                files: managed
+                    .files
+                    .iter()
+                    .map(|file| File {
+                        file,
+                        temporary: temporary_glob(&file.path),
+                    })
+                    .collect(),
+                registry_sets: sets
+                    .iter()
+                    .map(|set| Set {
+                        directory: set.clone(),
+                        paths: set_globs(set),
+                    })
+                    .collect(),
             };
             out = serde_json::to_string_pretty(&json)? + "\n";
         }
     }
     print_out(out.as_bytes())?;
     Ok(Exit::Success)
+}
+
+/// The registry directories the agent manages (`--manage-registries`): those recorded in
+/// the state directory by `run` and `sync`, and those the flags name, each once.
+fn registry_sets(args: &ManagedArgs) -> Vec<PathBuf> {
+    let state = StateDir::new(args.state_dir.clone());
+    let (recorded, _) = state.load_registry_record();
+    let mut sets: Vec<PathBuf> = recorded
+        .sets
+        .into_keys()
+        .chain(args.manage_registries.iter().map(|s| s.dir.clone()))
+        .map(|p| normalize(&std::path::absolute(&p).unwrap_or(p)))
+        .collect();
+    sets.sort();
+    sets.dedup();
+    sets
+}
+
+/// The glob of the temporary files that a write of `path` creates beside it
+/// (`.NAME.kubelet-ca-agent-tmp.*`, renamed over `path` or removed).
+fn temporary_glob(path: &Path) -> String {
+    let (dir, name) = dir_and_name(path);
+    format!("{dir}/.{name}{}*", crate::writer::atomic::TEMP_MARKER)
+}
+
+/// [`temporary_glob`] as an AIDE regex: every `.` escaped, then any name to the end.
+fn temporary_aide_regex(path: &Path) -> String {
+    let (dir, name) = dir_and_name(path);
+    format!(
+        "{}/{}[^/]*$",
+        aide_regex(&dir),
+        strict_regex(&format!(".{name}{}", crate::writer::atomic::TEMP_MARKER))
+    )
+}
+
+/// What the agent creates under a registry directory: one directory per registry, its
+/// `ca.crt`, and the temporary files of a write of it.
+fn set_globs(set: &Path) -> Vec<String> {
+    let dir = set.display().to_string();
+    let name = crate::registry::plan::CA_FILE;
+    vec![
+        format!("{dir}/*"),
+        format!("{dir}/*/{name}"),
+        format!("{dir}/*/.{name}{}*", crate::writer::atomic::TEMP_MARKER),
+    ]
+}
+
+/// [`set_globs`] as one AIDE regex: a registry's directory, and under it the CA file and
+/// its temporary files.
+fn set_aide_regex(set: &Path) -> String {
+    let name = crate::registry::plan::CA_FILE;
+    format!(
+        "{}/[^/]+(/({}|{}[^/]*))?$",
+        aide_regex(&set.display().to_string()),
+        strict_regex(name),
+        strict_regex(&format!(".{name}{}", crate::writer::atomic::TEMP_MARKER))
+    )
+}
+
+fn dir_and_name(path: &Path) -> (String, String) {
+    let dir = crate::writer::atomic::parent_dir(path)
+        .display()
+        .to_string();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (dir.trim_end_matches('/').to_string(), name)
+}
+
+/// [`aide_regex`] with `.` escaped too: for the patterns this command makes up, where a
+/// `.` must match only itself.
+fn strict_regex(text: &str) -> String {
+    aide_regex(text).replace('.', "\\.")
 }
 
 /// A path as an AIDE selection regex matching only it. AIDE's own examples leave `.`
