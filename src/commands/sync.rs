@@ -428,7 +428,11 @@ impl Cluster {
             .enable_all()
             .build()?;
         let origin = Origin::resolve(common.kubeconfig.as_deref()).map_err(UsageError)?;
-        tracing::info!(credentials = %origin.describe(), "credentials for the API server chosen");
+        // Said when the search chose them (SPEC 3); --kubeconfig is the user's own word, and a
+        // failure stays one line on stderr.
+        if common.kubeconfig.is_none() {
+            tracing::info!(credentials = %origin.describe(), "credentials for the API server chosen");
+        }
         // Building the client spawns its request buffer onto the runtime.
         let (client, server) = {
             let _inside = runtime.enter();
