@@ -2,3 +2,4 @@
 //! on its Node), and what the cluster learns from it.
 
 pub mod held;
+pub mod verdict;
