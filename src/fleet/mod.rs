@@ -2,4 +2,6 @@
 //! on its Node), and what the cluster learns from it.
 
 pub mod held;
+pub mod nodes;
+pub mod show;
 pub mod verdict;

@@ -138,8 +138,7 @@ impl Question {
     }
 }
 
-/// A node's Ready condition, as its status says (`Unknown` when it says nothing, or when
-/// it was not read).
+/// A node's Ready condition, as its status says (`Unknown` when it says nothing).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Ready {
@@ -175,7 +174,8 @@ impl Report {
 #[derive(Debug, Clone, Copy)]
 pub struct Node<'a> {
     pub name: &'a str,
-    pub ready: Ready,
+    /// `None` when it was not read (`rollout wait`, `publish`: a metadata watch).
+    pub ready: Option<Ready>,
     /// It has a deletionTimestamp: left out of every count.
     pub deleting: bool,
     pub report: &'a Report,
@@ -287,7 +287,9 @@ impl Serialize for Why {
 pub struct NodeVerdict {
     pub name: String,
     pub state: State,
-    pub ready: Ready,
+    /// Its Ready condition, when it was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready: Option<Ready>,
     /// When what it holds (or why) last changed, as its report says (escaped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
@@ -425,9 +427,9 @@ fn judge(question: &Question, node: &Node<'_>) -> (NodeVerdict, Option<BTreeSet<
         }
     }
     match node.ready {
-        Ready::True => {}
-        Ready::False => verdict.why.push(Why::NotReady),
-        Ready::Unknown => verdict.why.push(Why::ReadyUnknown),
+        None | Some(Ready::True) => {}
+        Some(Ready::False) => verdict.why.push(Why::NotReady),
+        Some(Ready::Unknown) => verdict.why.push(Why::ReadyUnknown),
     }
     (verdict, shown)
 }
@@ -553,7 +555,7 @@ mod tests {
     fn node<'a>(name: &'a str, report: &'a Report) -> Node<'a> {
         Node {
             name,
-            ready: Ready::True,
+            ready: Some(Ready::True),
             deleting: false,
             report,
         }
@@ -801,9 +803,9 @@ mod tests {
         let mut gone = node("gone", &bad);
         gone.deleting = true;
         let mut down = node("down", &good);
-        down.ready = Ready::False;
+        down.ready = Some(Ready::False);
         let mut unknown = node("unknown", &bad);
-        unknown.ready = Ready::Unknown;
+        unknown.ready = Some(Ready::Unknown);
         let v = verdict(&sources(Condition::Sources), [gone, down, unknown]);
         assert_eq!(v.left_out, 1);
         assert_eq!(v.counted(), 2);
@@ -814,6 +816,16 @@ mod tests {
         assert_eq!(v.nodes[1].state, State::Behind);
         assert_eq!(v.nodes[1].why.last(), Some(&Why::ReadyUnknown));
         assert_eq!(v.certificates[1].missing, 1);
+        // Readiness not read: nothing said of it.
+        let mut unread = node("unread", &good);
+        unread.ready = None;
+        let v = verdict(&sources(Condition::Sources), [unread]);
+        assert_eq!((v.nodes[0].ready, v.nodes[0].why.len()), (None, 0));
+        assert!(
+            serde_json::to_value(&v).unwrap()["nodes"][0]
+                .get("ready")
+                .is_none()
+        );
         // An empty fleet has nothing left to wait for.
         let none = verdict(&sources(Condition::Sources), []);
         assert!(none.done());
@@ -846,7 +858,7 @@ mod tests {
     fn the_json_names_each_field_as_documented() {
         let (r1, r2) = (bundle(&['a']), Report::Missing);
         let mut down = node("n2", &r2);
-        down.ready = Ready::False;
+        down.ready = Some(Ready::False);
         let v = verdict(&sources(Condition::Sources), [node("n1", &r1), down]);
         let json = serde_json::to_value(&v).unwrap();
         assert_eq!(json["leftOut"], 0);
