@@ -125,6 +125,8 @@ pub struct Metrics {
     pub watch_restarts: Family<SourceLabels, Counter>,
     pub state_errors: Family<RecordLabels, Counter>,
     pub review_errors: Family<ReviewLabels, Counter>,
+    /// The fleet's counts (`publish`, SPEC 8c); none on a node agent.
+    pub fleet: crate::fleet::gauges::FleetGauges,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -313,6 +315,7 @@ impl Default for Metrics {
             watch_restarts: Family::default(),
             state_errors: Family::default(),
             review_errors: Family::default(),
+            fleet: Default::default(),
         }
     }
 }
@@ -493,6 +496,9 @@ pub fn registry(
         status: status.clone(),
     }));
     registry.register_collector(Box::new(ProcessCollector));
+    registry.register_collector(Box::new(crate::fleet::gauges::FleetCollector(
+        metrics.clone(),
+    )));
     Exposition {
         registry,
         status,
@@ -568,7 +574,7 @@ struct StateCollector {
     status: StatusRx,
 }
 
-fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
+pub(crate) fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -1,6 +1,7 @@
 //! The fleet's rollout (SPEC 8c): what each node says it holds ([`held`], the annotation
 //! on its Node), and what the cluster learns from it.
 
+pub mod gauges;
 pub mod held;
 pub mod nodes;
 pub mod show;
