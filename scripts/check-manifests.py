@@ -20,6 +20,10 @@ PUBLISHER = "kubelet-ca-agent-publisher"
 SA = ("ServiceAccount", AGENT, NS)
 PUBLISHER_SA = ("ServiceAccount", PUBLISHER, NS)
 READ = {"get", "list", "watch"}
+# Writing a Node is the node's own business (its kubelet's credentials, under the Node
+# authorizer and NodeRestriction): no ServiceAccount may be granted any of these on nodes
+# (SPEC 8c), whatever else the checks below allow.
+NODE_WRITES = {"patch", "update", "create", "delete", "deletecollection", "*"}
 # The publisher's target ConfigMap: read it (get for --once, list and watch by name), apply
 # to it (patch), and create it, which an apply that creates the object is authorized for.
 PUBLISH = READ | {"patch", "create"}
@@ -367,6 +371,7 @@ def check_rbac(docs, allowed, bad):
     unnamed rules ((group, resource, verbs)) it may have besides."""
     roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d
              for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    check_node_writes(docs, roles, bad)
     granted = {subject: {} for subject in allowed}
     for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         ref = b["roleRef"]
@@ -412,6 +417,23 @@ def check_rbac(docs, allowed, bad):
             missing = verbs - granted[subject].get(grant, set())
             if missing:
                 bad(f"{subject[1]}: {grant} lacks {sorted(missing)} (needs exactly {sorted(verbs)})")
+
+
+def check_node_writes(docs, roles, bad):
+    """No role bound to a ServiceAccount may write nodes (or nodes/status): a node agent
+    writes its report with the kubelet's own credentials, and the cluster side only reads."""
+    for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(s.get("kind") == "ServiceAccount" for s in b.get("subjects", [])):
+            continue
+        ref = b["roleRef"]
+        role = roles.get((ref["kind"], ref["name"], b["metadata"].get("namespace") if ref["kind"] == "Role" else None))
+        for rule in (role or {}).get("rules", []):
+            groups, resources = set(rule.get("apiGroups", [])), set(rule.get("resources", []))
+            on_nodes = ("" in groups or "*" in groups) and (
+                "*" in resources or any(r == "nodes" or r.startswith("nodes/") for r in resources))
+            writes = set(rule.get("verbs", [])) & NODE_WRITES
+            if on_nodes and writes:
+                bad(f"{b['kind']} {b['metadata']['name']} grants {sorted(writes)} on nodes to a ServiceAccount ({role['kind']} {role['metadata']['name']}): a node writes its own report with its kubelet's credentials, never with a ServiceAccount's")
 
 
 def check(path):
@@ -470,7 +492,8 @@ def check(path):
                 _, _, key = configmap_key(spec) if spec.startswith("configmap:") else (None, None, None)
                 if not spec.startswith(f"configmap:{tns}/{tname}/") or key not in ("cloud-ca.pem", "registry.*", "kubeconfig-ca.crt"):
                     bad(f"the node agents' other CA files must come from the publisher's ConfigMap {to} (keys cloud-ca.pem, registry.*, kubeconfig-ca.crt), not {spec}")
-        specials = set()
+        # The rollout gate: one metadata watch on every Node (SPEC 8c), reading only.
+        specials = {("", "nodes", frozenset(READ))}
         if pub.token_webhook:
             specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))
         if pub.access_webhook and not pub.allow_list:

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{ConfigMapRef, ExecCommand, ManageSpec, RegistriesSpec};
+use crate::config::{ConfigMapRef, ExecCommand, Fingerprints, ManageSpec, RegistriesSpec, WaitFor};
 use crate::source::SourceSpec;
 
 #[derive(Debug, Parser)]
@@ -27,6 +27,33 @@ pub struct Cli {
     pub command: Command,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// The name under which kubectl runs the binary as its plugin: `kubectl kubelet-ca ...`
+/// runs `kubectl-kubelet_ca` found on PATH (a dash in a plugin's command is an underscore
+/// in its file name).
+pub const KUBECTL_PLUGIN: &str = "kubectl-kubelet_ca";
+
+/// Whether the binary was called as the kubectl plugin (`argv[0]`'s file name).
+pub fn is_kubectl_plugin(argv0: &std::ffi::OsStr) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .is_some_and(|name| name == KUBECTL_PLUGIN)
+}
+
+/// The command line's definition; as the kubectl plugin, its help and usage name it
+/// `kubectl kubelet-ca`.
+pub fn command(plugin: bool) -> clap::Command {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    if plugin {
+        command
+            .name("kubectl kubelet-ca")
+            .bin_name("kubectl kubelet-ca")
+            .display_name("kubectl kubelet-ca")
+    } else {
+        command
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -89,6 +116,15 @@ pub enum Command {
                       and sync), or taken from --bundle when it does not exist yet."
     )]
     Drift(DriftCommand),
+    /// Cluster side: how many nodes hold what the sources make, and wait until they all do.
+    #[command(
+        subcommand,
+        long_about = "Cluster side: read what each node says it holds (the kubelet-ca-agent/held \
+                      annotation the node agent writes on its own Node) and tell how many nodes \
+                      hold what the sources make, or wait until every node does: the gates of a CA \
+                      rotation. Needs only get, list and watch on nodes and on the sources."
+    )]
+    Rollout(RolloutCommand),
     /// Print the version.
     Version,
 }
@@ -751,6 +787,143 @@ pub struct DriftStripArgs {
     pub root: PathBuf,
 }
 
+// `rollout`: its own block, so that it merges apart from the other commands' flags.
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// How many nodes hold what the sources make, and each node that does not, with why.
+    #[command(
+        long_about = "How many nodes hold what the sources make for the target (by default each \
+                      node's bundle, whatever its path; --target PATH for another file, such as the \
+                      kubelet's kubeconfig), how many hold each CA of it, and each node that does \
+                      not: what it lacks or still holds, since when, and why as far as its report \
+                      knows (out of sync, a removal held, the kubelet not restarted, no report, an \
+                      invalid report, NotReady). Nodes being deleted are left out; NotReady nodes \
+                      are counted and marked. One list of the Nodes' metadata, one of their \
+                      readiness.\n\n\
+                      Exits 0 when every counted node is current, 1 when one is not, 2 on a usage \
+                      error or when the sources or the Nodes cannot be read."
+    )]
+    Status(RolloutStatusArgs),
+    /// Wait until every node satisfies a condition (holds a CA, no longer holds one, holds what the sources make).
+    #[command(
+        long_about = "Watch the Nodes' metadata and exit 0 the moment every counted node satisfies \
+                      --for: add=FP (holds the CA; for a kubeconfig, the kubelet was also restarted \
+                      after it was added), remove=FP (no longer holds it), or sources (holds exactly \
+                      what the sources make). FP is a SHA-256 fingerprint (hex, colons allowed) or \
+                      file:PATH (every certificate of a PEM file); several may be given, separated \
+                      by commas. A line is printed each time the count moves.\n\n\
+                      Exits 0 when the condition holds, 1 on --timeout (the laggards printed as \
+                      rollout status prints them), 2 on a usage error or when the sources or the \
+                      Nodes cannot be read."
+    )]
+    Wait(RolloutWaitArgs),
+}
+
+/// What `rollout status` and `rollout wait` ask about.
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    /// Where the signers come from, as the nodes read them (repeat the flag, or separate
+    /// with commas): configmap:NAMESPACE/NAME[/KEY|/PREFIX*|/*], controllerconfig:NAME[/FIELD],
+    /// file:PATH, dir:PATH. Their bundle is built with the node agent's rules.
+    #[arg(
+        long = "source",
+        value_name = "SPEC",
+        env = "KUBELET_CA_AGENT_SOURCE",
+        value_delimiter = ',',
+        default_value = "configmap:openshift-config-managed/kube-apiserver-client-ca",
+        value_parser = parse_source_spec
+    )]
+    pub sources: Vec<SourceSpec>,
+    /// The file asked about, as the nodes' reports name it (e.g. /var/lib/kubelet/kubeconfig
+    /// for a managed kubeconfig). Default: each node's bundle, whatever its path.
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_TARGET")]
+    pub target: Option<String>,
+    /// Count only the Nodes with these labels (a label selector, e.g.
+    /// node-role.kubernetes.io/worker).
+    #[arg(long, value_name = "LABELS", env = "KUBELET_CA_AGENT_SELECTOR")]
+    pub selector: Option<String>,
+    /// Kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The nodes leave certificates past their notAfter out of the bundle (as their own
+    /// --drop-expired).
+    #[arg(long, env = "KUBELET_CA_AGENT_DROP_EXPIRED", value_parser = BoolishValueParser::new())]
+    pub drop_expired: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutStatusArgs {
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
+    /// Output format.
+    #[arg(long, short, env = "KUBELET_CA_AGENT_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutWaitArgs {
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
+    /// The condition: add=FP[,FP...], remove=FP[,FP...] or sources. FP: a SHA-256
+    /// fingerprint (hex, colons allowed) or file:PATH (every certificate in a PEM file).
+    #[arg(long = "for", value_name = "CONDITION", env = "KUBELET_CA_AGENT_FOR", value_parser = parse_wait_for)]
+    pub condition: WaitFor,
+    /// Give up after this long (exit 1, naming the laggards), e.g. 10m. Default: wait as
+    /// long as it takes.
+    #[arg(long, value_name = "DURATION", env = "KUBELET_CA_AGENT_TIMEOUT", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+}
+
+/// `--for`: `add=FP[,FP...]`, `remove=FP[,FP...]` or `sources`.
+fn parse_wait_for(s: &str) -> Result<WaitFor, String> {
+    let s = s.trim();
+    if s == "sources" {
+        return Ok(WaitFor::Sources);
+    }
+    let (kind, list) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} is not a condition: expected add=FP, remove=FP or sources")
+    })?;
+    let fingerprints = list
+        .split(',')
+        .map(str::trim)
+        .filter(|fp| !fp.is_empty())
+        .map(parse_fingerprints)
+        .collect::<Result<Vec<_>, _>>()?;
+    if fingerprints.is_empty() {
+        return Err(format!(
+            "{s:?} names no certificate: give a SHA-256 fingerprint or file:PATH after '='"
+        ));
+    }
+    match kind.trim() {
+        "add" => Ok(WaitFor::Add(fingerprints)),
+        "remove" => Ok(WaitFor::Remove(fingerprints)),
+        other => Err(format!(
+            "{:?} is not a condition: expected add=FP, remove=FP or sources",
+            crate::text::escape(other)
+        )),
+    }
+}
+
+/// One FP: a SHA-256 fingerprint (hex, colons allowed, any case, `sha256:` in front or
+/// not) or `file:PATH`.
+fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
+    if let Some(path) = s.strip_prefix("file:") {
+        if path.is_empty() {
+            return Err("file: names no file".to_string());
+        }
+        return Ok(Fingerprints::File(PathBuf::from(path)));
+    }
+    crate::fleet::held::Sha::parse(s)
+        .map(Fingerprints::Sha)
+        .ok_or_else(|| {
+            format!(
+                "{:?} is not a SHA-256 fingerprint (64 hex digits, colons allowed) or file:PATH",
+                crate::text::escape(s)
+            )
+        })
+}
+
 /// A source of a bundle (`--source`, `--manage`): any kind, but not a registry list.
 fn parse_source_spec(s: &str) -> Result<SourceSpec, String> {
     let spec: SourceSpec = s
@@ -949,6 +1122,118 @@ mod tests {
     fn the_host_name_is_the_kernels() {
         let expected = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(host_name().as_deref(), Some(expected.trim()));
+    }
+
+    #[test]
+    fn as_the_kubectl_plugin_it_is_named_kubectl_kubelet_ca() {
+        use std::ffi::OsStr;
+        assert!(is_kubectl_plugin(OsStr::new("kubectl-kubelet_ca")));
+        assert!(is_kubectl_plugin(OsStr::new(
+            "/usr/local/bin/kubectl-kubelet_ca"
+        )));
+        assert!(!is_kubectl_plugin(OsStr::new("kubelet-ca-agent")));
+        assert!(!is_kubectl_plugin(OsStr::new(
+            "/x/kubectl-kubelet_ca/kubelet-ca-agent"
+        )));
+        let mut plugin = command(true);
+        let help = plugin.render_help().to_string();
+        assert!(help.contains("kubectl kubelet-ca"), "{help}");
+        let usage = command(true)
+            .try_get_matches_from(["kubectl-kubelet_ca", "rollout", "nope"])
+            .unwrap_err()
+            .to_string();
+        assert!(usage.contains("kubectl kubelet-ca rollout"), "{usage}");
+        assert!(
+            !command(false)
+                .render_help()
+                .to_string()
+                .contains("kubectl kubelet-ca")
+        );
+    }
+
+    #[test]
+    fn a_wait_condition_is_add_remove_or_sources() {
+        let hex = "ab".repeat(32);
+        let sha = crate::fleet::held::Sha::parse(&hex).unwrap();
+        assert_eq!(parse_wait_for(" sources "), Ok(WaitFor::Sources));
+        let colons = hex
+            .as_bytes()
+            .chunks(2)
+            .map(|p| std::str::from_utf8(p).unwrap().to_uppercase())
+            .collect::<Vec<_>>()
+            .join(":");
+        assert_eq!(
+            parse_wait_for(&format!("add={colons}")),
+            Ok(WaitFor::Add(vec![Fingerprints::Sha(sha.clone())]))
+        );
+        assert_eq!(
+            parse_wait_for(&format!("remove=sha256:{hex}, file:/tmp/old.pem,")),
+            Ok(WaitFor::Remove(vec![
+                Fingerprints::Sha(sha.clone()),
+                Fingerprints::File("/tmp/old.pem".into())
+            ]))
+        );
+        for (bad, says) in [
+            ("source", "expected add=FP, remove=FP or sources"),
+            ("add=", "names no certificate"),
+            ("add= , ", "names no certificate"),
+            ("add=abc", "is not a SHA-256 fingerprint"),
+            ("add=file:", "file: names no file"),
+            ("drop=file:/x", "\"drop\" is not a condition"),
+        ] {
+            let e = parse_wait_for(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn rollout_parses_its_flags_and_defaults() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.command);
+        match parse(&["kubelet-ca-agent", "rollout", "status"]).unwrap() {
+            Command::Rollout(RolloutCommand::Status(args)) => {
+                assert_eq!(args.output, OutputFormat::Table);
+                assert_eq!(
+                    args.rollout.sources[0].to_string(),
+                    "configmap:openshift-config-managed/kube-apiserver-client-ca"
+                );
+                assert_eq!(args.rollout.target, None);
+                assert_eq!(args.rollout.selector, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let hex = "cd".repeat(32);
+        let wait = parse(&[
+            "kubelet-ca-agent",
+            "rollout",
+            "wait",
+            "--for",
+            &format!("add={hex}"),
+            "--timeout",
+            "90s",
+            "--target",
+            "/var/lib/kubelet/kubeconfig",
+            "--selector",
+            "pool=a",
+            "--source",
+            "file:/x.pem",
+        ]);
+        match wait.unwrap() {
+            Command::Rollout(RolloutCommand::Wait(args)) => {
+                assert_eq!(args.timeout, Some(Duration::from_secs(90)));
+                assert!(matches!(args.condition, WaitFor::Add(_)));
+                assert_eq!(
+                    args.rollout.target.as_deref(),
+                    Some("/var/lib/kubelet/kubeconfig")
+                );
+                assert_eq!(args.rollout.selector.as_deref(), Some("pool=a"));
+                assert_eq!(args.rollout.sources.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        // --for is required; a bad one is a usage error.
+        assert!(parse(&["kubelet-ca-agent", "rollout", "wait"]).is_err());
+        assert!(parse(&["kubelet-ca-agent", "rollout", "wait", "--for", "add=zz"]).is_err());
+        assert!(parse(&["kubelet-ca-agent", "rollout", "status", "-o", "yaml"]).is_err());
     }
 
     #[test]

@@ -294,3 +294,49 @@ impl std::fmt::Display for ConfigMapRef {
         write!(f, "configmap:{}/{}/{}", self.namespace, self.name, self.key)
     }
 }
+
+/// `rollout status` and `rollout wait` (SPEC 8c): what the nodes are asked about, and how.
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    /// The sources whose bundle the nodes should hold, in priority order.
+    pub sources: Vec<SourceSpec>,
+    /// The entry of each node's report asked about: `None`, the node's bundle.
+    pub target: Option<String>,
+    /// A label selector of the Nodes counted; `None`, every Node.
+    pub selector: Option<String>,
+    /// The kubeconfig named on the command line; None: found as for [`Common::kubeconfig`].
+    pub kubeconfig: Option<PathBuf>,
+    /// Whether the nodes leave certificates past their notAfter out (`--drop-expired`).
+    pub drop_expired: bool,
+    /// `status`: JSON instead of a table.
+    pub json: bool,
+    /// `wait`: the condition and how long to wait for it; `None` for `status`.
+    pub wait: Option<RolloutWait>,
+}
+
+/// `rollout wait --for ... --timeout D`.
+#[derive(Debug, Clone)]
+pub struct RolloutWait {
+    pub condition: WaitFor,
+    /// `None`: wait as long as it takes.
+    pub timeout: Option<Duration>,
+}
+
+/// `--for`: what every counted node must come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitFor {
+    /// Hold exactly what the sources make.
+    Sources,
+    /// Hold each of these certificates.
+    Add(Vec<Fingerprints>),
+    /// Hold none of these certificates.
+    Remove(Vec<Fingerprints>),
+}
+
+/// Certificates named on the command line: a SHA-256 fingerprint, or every certificate of
+/// a PEM file (read when the command starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fingerprints {
+    Sha(crate::fleet::held::Sha),
+    File(PathBuf),
+}

@@ -36,7 +36,7 @@ pub mod writer;
 
 use std::io::Write;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 
 use cli::environment::{self, EnvFlag};
 use cli::{Cli, Command};
@@ -66,6 +66,10 @@ pub fn run() -> anyhow::Result<Exit> {
         Command::Sync(args) => commands::sync::run(args.config()?),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Drift(command) => commands::drift::run(command),
+        Command::Rollout(cli::RolloutCommand::Status(args)) => {
+            commands::rollout::run(args.config())
+        }
+        Command::Rollout(cli::RolloutCommand::Wait(args)) => commands::rollout::run(args.config()),
         Command::Version => commands::version(),
     }
 }
@@ -75,7 +79,10 @@ pub fn run() -> anyhow::Result<Exit> {
 /// other line), comma-separated lists tidied (`a, b,` is `a,b`), and a value refused from
 /// the environment reported under its variable.
 fn parse() -> anyhow::Result<Cli> {
-    let command = Cli::command();
+    let plugin = std::env::args_os()
+        .next()
+        .is_some_and(|argv0| cli::is_kubectl_plugin(&argv0));
+    let command = cli::command(plugin);
     let flags = environment::env_flags(&command);
     let mut stderr = std::io::stderr().lock();
     for line in environment::unknown_variables(std::env::vars_os(), &flags) {
@@ -88,7 +95,7 @@ fn parse() -> anyhow::Result<Cli> {
     // clap reads a flag's variable when the command is built: build it again, now that
     // the lists are tidy.
     drop(command);
-    let parsed = Cli::command()
+    let parsed = cli::command(plugin)
         .try_get_matches_from(&args)
         .and_then(|matches| Cli::from_arg_matches(&matches));
     parsed.map_err(|error| {

@@ -131,6 +131,8 @@ pub struct Metrics {
     pub node_report_errors: Family<ReasonLabels, Counter>,
     /// Events on the Node that were not recorded, by reason.
     pub node_events_not_recorded: Family<ReasonLabels, Counter>,
+    /// The fleet's counts (`publish`, SPEC 8c); none on a node agent.
+    pub fleet: crate::fleet::gauges::FleetGauges,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -360,6 +362,7 @@ impl Default for Metrics {
             node_report_writes: Counter::default(),
             node_report_errors: Family::default(),
             node_events_not_recorded: Family::default(),
+            fleet: Default::default(),
         }
     }
 }
@@ -555,6 +558,9 @@ pub fn registry(
         status: status.clone(),
     }));
     registry.register_collector(Box::new(ProcessCollector));
+    registry.register_collector(Box::new(crate::fleet::gauges::FleetCollector(
+        metrics.clone(),
+    )));
     Exposition {
         registry,
         status,
@@ -630,7 +636,7 @@ struct StateCollector {
     status: StatusRx,
 }
 
-fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
+pub(crate) fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

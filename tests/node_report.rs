@@ -62,7 +62,7 @@ fn cluster_with(pem: &str, nodes: &[(&str, bool)]) -> Option<Cluster> {
             &format!("system:node:{node}"),
         );
         if *registered {
-            cluster.create_node(node);
+            cluster.create_node(node, None);
         }
     }
     Some(cluster)
@@ -256,7 +256,7 @@ fn a_node_that_does_not_exist_yet_is_waited_for_and_then_reported() {
         agent.log()
     );
     // The kubelet registers it: the report follows within the backoff.
-    cluster.create_node("worker-3");
+    cluster.create_node("worker-3", None);
     assert!(
         eventually(40 * SECOND, || report(&cluster, "worker-3").is_some()),
         "no report after the Node was registered\n{}",

@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use super::{
-    CommonArgs, LogFormat, PublishArgs, RunArgs, ServerArgs, SyncArgs, TlsVersion, host_name,
+    CommonArgs, LogFormat, OutputFormat, PublishArgs, RolloutArgs, RolloutStatusArgs,
+    RolloutWaitArgs, RunArgs, ServerArgs, SyncArgs, TlsVersion, host_name,
 };
 use crate::config;
 use crate::config::KubeconfigHook;
@@ -141,6 +142,38 @@ impl PublishArgs {
             drop_expired: args.drop_expired,
             server,
         })
+    }
+}
+
+impl RolloutArgs {
+    /// The checked configuration, for `status` (`json`) or `wait`.
+    fn config(&self, json: bool, wait: Option<config::RolloutWait>) -> config::Rollout {
+        let empty = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+        config::Rollout {
+            sources: self.sources.clone(),
+            target: empty(&self.target),
+            selector: empty(&self.selector),
+            kubeconfig: self.kubeconfig.clone(),
+            drop_expired: self.drop_expired,
+            json,
+            wait,
+        }
+    }
+}
+
+impl RolloutStatusArgs {
+    pub fn config(&self) -> config::Rollout {
+        self.rollout.config(self.output == OutputFormat::Json, None)
+    }
+}
+
+impl RolloutWaitArgs {
+    pub fn config(&self) -> config::Rollout {
+        let wait = config::RolloutWait {
+            condition: self.condition.clone(),
+            timeout: self.timeout.filter(|t| !t.is_zero()),
+        };
+        self.rollout.config(false, Some(wait))
     }
 }
 

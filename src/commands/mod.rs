@@ -3,6 +3,7 @@
 
 pub mod drift;
 pub mod inspect;
+pub mod rollout;
 pub mod sync;
 
 use crate::error::Exit;

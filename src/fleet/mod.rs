@@ -2,5 +2,9 @@
 //! on its Node), and what the cluster learns from it.
 
 pub mod events;
+pub mod gauges;
 pub mod held;
+pub mod nodes;
 pub mod report;
+pub mod show;
+pub mod verdict;

@@ -417,6 +417,8 @@ struct Publisher {
     last_sync: Option<f64>,
     metrics: Arc<Metrics>,
     status: watch::Sender<Arc<Status>>,
+    /// The Nodes, as the metadata watch follows them (SPEC 8c).
+    fleet: watch::Receiver<Arc<crate::fleet::nodes::Fleet>>,
 }
 
 /// The loop's inputs besides the source updates.
@@ -513,7 +515,16 @@ async fn watch_and_publish(
         }
     });
 
+    // One metadata watch on the Nodes, for the fleet's counts of the bundle published.
+    let (fleet_tx, fleet) = watch::channel(Arc::new(crate::fleet::nodes::Fleet::default()));
+    tokio::spawn(crate::fleet::nodes::follow(
+        credentials.clone(),
+        None,
+        fleet_tx,
+    ));
+    let mut fleet_changes = fleet.clone();
     let mut publisher = Publisher {
+        fleet,
         credentials,
         to,
         label,
@@ -574,6 +585,7 @@ async fn watch_and_publish(
                 None => updates_open = false,
             },
             Some(input) = inputs.recv() => publisher.on_input(input),
+            Ok(()) = fleet_changes.changed() => {}
             Some(()) = pongs.pings.recv() => { pongs.answer(); continue; }
             _ = sleep_until(deadline.into()) => {}
             _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
@@ -962,6 +974,7 @@ impl Publisher {
             _ if self.applying.is_some() || backing_off => {}
             step => self.start_apply(step == Step::Repair),
         }
+        self.count_fleet();
         self.publish_status();
         let size = self.desired.as_ref().map_or(0, |d| {
             d.bundle.len() + d.others.values().map(String::len).sum::<usize>()
@@ -1155,7 +1168,11 @@ impl Publisher {
             held_back: Vec::new(),
             restart: None,
             registry_set: None,
-            notes: self.notes(),
+            notes: {
+                let mut notes = self.notes();
+                notes.push(self.fleet_note());
+                notes
+            },
             other_sources: Vec::new(),
         };
         self.status.send_replace(Arc::new(status));
@@ -1307,6 +1324,46 @@ impl Publisher {
         self.key_certificates
             .insert(key.to_string(), (sha, certificates.clone()));
         certificates
+    }
+
+    /// The fleet's counts for the bundle this publisher builds, from the same verdict as
+    /// `rollout status`: none while the Nodes have not been read or no bundle is built.
+    fn count_fleet(&mut self) {
+        use crate::fleet::verdict::{Ca, Condition, Question, Target, verdict};
+        let fleet = self.fleet.borrow().clone();
+        let counts = match &self.bundle {
+            Some(bundle) if fleet.listed => {
+                let question = Question {
+                    sources: bundle.certificates.iter().map(Ca::of).collect(),
+                    known: Vec::new(),
+                    condition: Condition::Sources,
+                    target: Target::Bundle,
+                };
+                let verdict = verdict(&question, fleet.for_verdict(None));
+                Some(crate::fleet::gauges::Counts::of(&verdict))
+            }
+            _ => None,
+        };
+        self.metrics.fleet.set(counts);
+    }
+
+    /// The fleet's check in `/readyz?verbose`, never counted: whether the Nodes' reports
+    /// are read (a publisher without get, list and watch on nodes still publishes).
+    fn fleet_note(&self) -> (String, Option<String>) {
+        let fleet = self.fleet.borrow();
+        let problem = match (&fleet.problem, fleet.listed) {
+            (Some(trouble), true) => Some(format!(
+                "the counts are as last read: cannot follow the Nodes: {}",
+                trouble.text
+            )),
+            (Some(trouble), false) => Some(format!(
+                "no counts: cannot read the Nodes: {}",
+                trouble.text
+            )),
+            (None, false) => Some("the Nodes have not been read yet".to_string()),
+            (None, true) => None,
+        };
+        ("fleet".to_string(), problem)
     }
 
     /// What concerns the other keys as kinds rather than one key: why the cloud CA is held,

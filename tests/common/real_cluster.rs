@@ -272,16 +272,6 @@ impl Cluster {
         }
     }
 
-    /// Registers Node `name` (as a kubelet does at its first start), Ready.
-    pub fn create_node(&self, name: &str) {
-        let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
-        let (code, answer) = self.request("POST", "/api/v1/nodes", Some(&body));
-        assert!(
-            code == 201 || code == 409,
-            "create node {name}: {code} {answer}"
-        );
-    }
-
     /// Node `name`, when it exists.
     pub fn node(&self, name: &str) -> Option<Value> {
         match self.request("GET", &format!("/api/v1/nodes/{name}"), None) {
@@ -321,6 +311,79 @@ impl Cluster {
         assert!(
             code == 201 || code == 409,
             "create rolebinding: {code} {answer}"
+        );
+    }
+}
+
+impl Cluster {
+    /// Creates Node `name` (as admin), with this value of the agent's annotation if given;
+    /// a Node that exists is left as it is.
+    pub fn create_node(&self, name: &str, held: Option<&str>) {
+        let mut metadata = json!({"name": name, "labels": {"pool": "test"}});
+        if let Some(held) = held {
+            metadata["annotations"] = json!({"kubelet-ca-agent/held": held});
+        }
+        let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata});
+        let (code, answer) = self.request("POST", "/api/v1/nodes", Some(&body));
+        assert!(
+            code == 201 || code == 409,
+            "create node {name}: {code} {answer}"
+        );
+    }
+
+    /// Sets (or with `None` removes) the agent's annotation on Node `name`, as admin, with
+    /// a merge patch as the node agent writes it.
+    pub fn set_held(&self, name: &str, held: Option<&str>) {
+        let body = json!({"metadata": {"annotations": {"kubelet-ca-agent/held": held}}});
+        let (code, answer) = self.request("PATCH", &format!("/api/v1/nodes/{name}"), Some(&body));
+        assert_eq!(code, 200, "patch node {name}: {answer}");
+    }
+
+    /// Sets Node `name`'s Ready condition (`True`, `False`, `Unknown`) in its status.
+    pub fn set_ready(&self, name: &str, ready: &str) {
+        let body = json!({"status": {"conditions": [{
+            "type": "Ready", "status": ready, "reason": "Test",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"
+        }]}});
+        let path = format!("/api/v1/nodes/{name}/status");
+        let (code, answer) = self.request("PATCH", &path, Some(&body));
+        assert_eq!(code, 200, "patch node {name} status: {answer}");
+    }
+
+    /// Marks Node `name` as being deleted: a finalizer holds it, then it is deleted.
+    pub fn delete_node_held(&self, name: &str) {
+        let body = json!({"metadata": {"finalizers": ["test/hold"]}});
+        let (code, answer) = self.request("PATCH", &format!("/api/v1/nodes/{name}"), Some(&body));
+        assert_eq!(code, 200, "add a finalizer to {name}: {answer}");
+        let (code, answer) = self.request("DELETE", &format!("/api/v1/nodes/{name}"), None);
+        assert_eq!(code, 200, "delete node {name}: {answer}");
+    }
+
+    /// Grants `verbs` on every Node to `user` (a ClusterRole and its binding).
+    pub fn grant_nodes(&self, verbs: &[&str], user: &str) {
+        let base = "/apis/rbac.authorization.k8s.io/v1";
+        let role = format!("nodes-{}", verbs.join("-"));
+        let body = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": verbs}],
+        });
+        let (code, answer) = self.request("POST", &format!("{base}/clusterroles"), Some(&body));
+        assert!(
+            code == 201 || code == 409,
+            "create clusterrole: {code} {answer}"
+        );
+        let body = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": format!("{role}-{}", user.replace(':', "-"))},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        });
+        let (code, answer) =
+            self.request("POST", &format!("{base}/clusterrolebindings"), Some(&body));
+        assert!(
+            code == 201 || code == 409,
+            "create clusterrolebinding: {code} {answer}"
         );
     }
 }

@@ -1,0 +1,251 @@
+//! `rollout status` and `rollout wait` (SPEC 8c): the effects around the fleet's verdict.
+//! They read what the sources make (with the node agent's validation and merge), the
+//! Nodes' metadata (one list for `status`, a list and then a watch for `wait`), and show
+//! the [`verdict`] of [`crate::fleet::verdict`] as [`crate::fleet::show`] says. Nothing here
+//! reads a report itself.
+//!
+//! Exit codes: 0 every counted node is current (or the condition holds), 1 one is not (or
+//! the wait timed out), 2 a usage error, or the sources or the Nodes cannot be read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use crate::bundle::{self, Policy, SourceCertificates};
+use crate::commands::print_out;
+use crate::config::{Fingerprints, Rollout, RolloutWait, WaitFor};
+use crate::credentials::{Credentials, Origin};
+use crate::error::{Exit, UsageError};
+use crate::fleet::held::Sha;
+use crate::fleet::nodes::{self, Fleet};
+use crate::fleet::show;
+use crate::fleet::verdict::{Ca, Condition, Question, Ready, State, Target, verdict};
+use crate::source::{SourceSpec, cluster, local};
+
+pub fn run(config: Rollout) -> anyhow::Result<Exit> {
+    let origin = Origin::resolve(config.kubeconfig.as_deref()).map_err(UsageError)?;
+    // Certificates named by file: are read first: a file that cannot be read is a usage
+    // error, before any request.
+    let (condition, known) = condition(config.wait.as_ref())?;
+    crate::runtime::build()?.block_on(async move {
+        let (client, server) = crate::credentials::one_shot_client(&origin)
+            .map_err(|e| UsageError(format!("{e:#}")))?;
+        let sources = match what_the_sources_make(&client, &server, &config).await {
+            Ok(sources) => sources,
+            Err(problem) if condition == Condition::Sources => {
+                return Err(UsageError(problem).into());
+            }
+            Err(problem) => {
+                // add= and remove= need the sources only to name the certificates.
+                tracing::warn!("{problem}; the certificates are named by their fingerprints alone");
+                Vec::new()
+            }
+        };
+        let question = Question {
+            sources,
+            known,
+            condition,
+            target: match &config.target {
+                None => Target::Bundle,
+                Some(path) => Target::Path(path.clone()),
+            },
+        };
+        match &config.wait {
+            None => status(&client, &server, &config, &question).await,
+            Some(wait) => wait_for(origin, &config, wait, &question).await,
+        }
+    })
+}
+
+/// The condition asked (`sources` for `status`), and the certificates of the `file:`
+/// fingerprints, by name.
+fn condition(wait: Option<&RolloutWait>) -> Result<(Condition, Vec<Ca>), UsageError> {
+    let Some(wait) = wait else {
+        return Ok((Condition::Sources, Vec::new()));
+    };
+    let mut known = Vec::new();
+    let mut shas = |fingerprints: &[Fingerprints]| -> Result<Vec<Sha>, UsageError> {
+        let mut shas: Vec<Sha> = Vec::new();
+        for fingerprint in fingerprints {
+            match fingerprint {
+                Fingerprints::Sha(sha) => shas.push(sha.clone()),
+                Fingerprints::File(path) => {
+                    let spec = SourceSpec::File(path.clone());
+                    let read = local::load(&spec).map_err(|e| {
+                        UsageError(format!("--for: {}", crate::text::escape(&e.to_string())))
+                    })?;
+                    let all = read
+                        .certificates
+                        .iter()
+                        .chain(read.not_ca.iter().map(|s| &s.certificate));
+                    for certificate in all {
+                        let ca = Ca::of(certificate);
+                        shas.push(ca.sha256.clone());
+                        known.push(ca);
+                    }
+                }
+            }
+        }
+        let mut unique = Vec::with_capacity(shas.len());
+        for sha in shas {
+            if !unique.contains(&sha) {
+                unique.push(sha);
+            }
+        }
+        Ok(unique)
+    };
+    let condition = match &wait.condition {
+        WaitFor::Sources => Condition::Sources,
+        WaitFor::Add(fingerprints) => Condition::Add(shas(fingerprints)?),
+        WaitFor::Remove(fingerprints) => Condition::Remove(shas(fingerprints)?),
+    };
+    Ok((condition, known))
+}
+
+/// The certificates of the bundle the sources make, as the node agent builds it (one list
+/// per cluster object, the same validation and merge), or why they cannot be read.
+async fn what_the_sources_make(
+    client: &kube::Client,
+    server: &str,
+    config: &Rollout,
+) -> Result<Vec<Ca>, String> {
+    let answers =
+        cluster::read_sources(client, server, &config.sources, cluster::bundle_content).await;
+    let mut read: Vec<SourceCertificates> = Vec::with_capacity(answers.len());
+    for (spec, answer) in config.sources.iter().zip(answers) {
+        let parsed = match answer {
+            Some(answer) => answer,
+            None => local::load(spec),
+        }
+        .map_err(|e| format!("cannot read the sources: {e}"))?;
+        crate::source::warn_not_ca(spec, &parsed);
+        read.push(parsed);
+    }
+    let policy = Policy {
+        retain_removed: 0,
+        drop_expired: config.drop_expired,
+    };
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let built = bundle::build(&read, &[], policy, now)
+        .map_err(|e| format!("the sources make no bundle: {e}"))?;
+    Ok(built.bundle.certificates().iter().map(Ca::of).collect())
+}
+
+/// `rollout status`: one list of the Nodes' metadata, one of their readiness, the verdict.
+async fn status(
+    client: &kube::Client,
+    server: &str,
+    config: &Rollout,
+    question: &Question,
+) -> anyhow::Result<Exit> {
+    let selector = config.selector.as_deref();
+    let (fleet, _) = nodes::list(client, server, selector)
+        .await
+        .map_err(|why| UsageError(format!("cannot read the Nodes: {}", why.text)))?;
+    let ready = readiness(client, server, selector).await;
+    let verdict = verdict(question, fleet.for_verdict(ready.as_ref()));
+    if config.json {
+        let mut text = serde_json::to_string_pretty(&show::json(question, &verdict))?;
+        text.push('\n');
+        print_out(&text)?;
+    } else {
+        print_out(&show::table(question, &verdict))?;
+    }
+    Ok(if verdict.done() {
+        Exit::Success
+    } else {
+        Exit::Failure
+    })
+}
+
+/// The Nodes' readiness, or nothing (with a warning) when it cannot be read: the verdict
+/// stands without it.
+async fn readiness(
+    client: &kube::Client,
+    server: &str,
+    selector: Option<&str>,
+) -> Option<BTreeMap<String, Ready>> {
+    match nodes::readiness(client, server, selector).await {
+        Ok(ready) => Some(ready),
+        Err(why) => {
+            tracing::warn!(
+                "cannot read the Nodes' readiness: {}; NotReady nodes are not marked",
+                why.text
+            );
+            None
+        }
+    }
+}
+
+/// `rollout wait`: follows the Nodes' metadata and prints the count each time it moves,
+/// until every counted node satisfies the condition, or the timeout.
+async fn wait_for(
+    origin: Origin,
+    config: &Rollout,
+    wait: &RolloutWait,
+    question: &Question,
+) -> anyhow::Result<Exit> {
+    let credentials = Credentials::follow(origin);
+    let (tx, mut fleet) = watch::channel(Arc::new(Fleet::default()));
+    tokio::spawn(nodes::follow(
+        credentials.clone(),
+        config.selector.clone(),
+        tx,
+    ));
+    let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut last: Option<(usize, usize)> = None;
+    loop {
+        let now = fleet.borrow_and_update().clone();
+        if now.listed {
+            let verdict = verdict(question, now.for_verdict(None));
+            let count = (verdict.count(State::Current), verdict.counted());
+            if last != Some(count) {
+                print_out(&format!("{}\n", show::count_line(question, &verdict)))?;
+                last = Some(count);
+            }
+            if verdict.done() {
+                return Ok(Exit::Success);
+            }
+        } else if let Some(trouble) = now.problem.as_ref().filter(|t| t.refused) {
+            return Err(UsageError(format!("cannot read the Nodes: {}", trouble.text)).into());
+        }
+        let timed_out = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = fleet.changed() => if changed.is_err() {
+                anyhow::bail!("the Nodes' follower stopped");
+            },
+            () = timed_out => break,
+        }
+    }
+    let now = fleet.borrow().clone();
+    let after = humantime::format_duration(wait.timeout.unwrap_or_default());
+    if !now.listed {
+        let why = now
+            .problem
+            .as_ref()
+            .map_or("no answer yet".to_string(), |t| t.text.clone());
+        return Err(UsageError(format!("cannot read the Nodes within {after}: {why}")).into());
+    }
+    // The laggards, as `status` shows them, with their readiness when it can be read.
+    let ready = match credentials.client() {
+        Ok(client) => {
+            let server = credentials.current().server.clone().unwrap_or_default();
+            readiness(&client, &server, config.selector.as_deref()).await
+        }
+        Err(_) => None,
+    };
+    let verdict = verdict(question, now.for_verdict(ready.as_ref()));
+    print_out(&format!(
+        "timed out after {after}: {}\n{}",
+        show::count_line(question, &verdict),
+        show::laggards(&verdict)
+    ))?;
+    Ok(Exit::Failure)
+}

@@ -1,0 +1,709 @@
+//! The Nodes as the cluster side follows them (SPEC 8c): their metadata only (name,
+//! deletionTimestamp and the `kubelet-ca-agent/held` annotation), listed once and then
+//! watched, under the same rules as a source's watch (SPEC 6), decided by the same state
+//! machine ([`crate::source::lifecycle::Watch`]): `410 Gone` lists again at once, an
+//! unreachable server is asked again within 5 s, an answered failure backs off up to 30 s
+//! honouring `Retry-After`, and after a lost connection the Nodes are listed again, never
+//! resumed (a store restored from a backup is behind), a resourceVersion that went back
+//! logged as such.
+//!
+//! Memory: a metadata list and watch (`PartialObjectMetadata`), and of each Node only what
+//! the verdict takes; an annotation over [`held::MAX_BYTES`] is not kept, only its size.
+//!
+//! Readiness is not in a Node's metadata (its Ready condition is in its status, its
+//! unreachable taint in its spec), and a watch of whole Nodes would cost a thousand-node
+//! fleet its full objects on every status update. So the watch, which `rollout wait` and
+//! `publish` keep, is of metadata alone, and `rollout status` (and `wait` when it prints its
+//! laggards) reads readiness once with [`readiness`]: one list of Nodes as a server-side
+//! Table (`as=Table`, no objects), its Status column only.
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream::BoxStream};
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::{Api, ListParams, PartialObjectMeta, WatchEvent, WatchParams};
+use tokio::sync::watch;
+
+use super::held;
+use super::verdict::{self, Ready, Report};
+use crate::credentials::Credentials;
+use crate::source::cluster::{self, REQUEST_DEADLINE, WATCH_SILENCE, WATCH_TIMEOUT_SECONDS};
+use crate::source::lifecycle::{self, Action, Failure, Happened, Report as Told, Watch};
+
+/// Nodes per page of a list: a thousand-node fleet in two requests, none of them large.
+const PAGE: u32 = 500;
+
+/// What is kept of one Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMeta {
+    /// It has a deletionTimestamp.
+    pub deleting: bool,
+    /// Its report, read once when its annotation changed.
+    pub report: Arc<Report>,
+    /// A digest of the annotation as last read, so that an update that leaves it as it
+    /// was (a status update, a label) is not read again.
+    digest: u64,
+}
+
+impl NodeMeta {
+    /// What is kept of a Node whose annotation is `raw`.
+    pub fn of(deleting: bool, raw: Option<&str>) -> NodeMeta {
+        NodeMeta {
+            deleting,
+            report: Arc::new(Report::read(raw)),
+            digest: digest(raw),
+        }
+    }
+}
+
+fn digest(raw: Option<&str>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    raw.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The Nodes as last known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fleet {
+    /// By name.
+    pub nodes: BTreeMap<String, NodeMeta>,
+    /// Whether a list has been read: before that, the fleet is not known.
+    pub listed: bool,
+    /// Why the Nodes cannot be followed now (the last request failed), when that is so.
+    pub problem: Option<Trouble>,
+}
+
+impl Fleet {
+    /// The fleet as a list read it.
+    pub fn listed(items: Vec<PartialObjectMeta<KubeNode>>) -> Fleet {
+        let mut fleet = Fleet {
+            listed: true,
+            ..Fleet::default()
+        };
+        for item in items {
+            if let Some((name, meta)) = kept(&item) {
+                fleet.nodes.insert(name, meta);
+            }
+        }
+        fleet
+    }
+
+    /// Takes an item of the watch: whether what is kept changed.
+    pub fn apply(&mut self, event: &WatchEvent<PartialObjectMeta<KubeNode>>) -> bool {
+        match event {
+            WatchEvent::Added(item) | WatchEvent::Modified(item) => {
+                let Some(name) = item.metadata.name.as_deref() else {
+                    return false;
+                };
+                let deleting = item.metadata.deletion_timestamp.is_some();
+                let raw = annotation(item);
+                match self.nodes.get(name) {
+                    Some(old) if old.deleting == deleting && old.digest == digest(raw) => false,
+                    _ => {
+                        self.nodes
+                            .insert(name.to_string(), NodeMeta::of(deleting, raw));
+                        true
+                    }
+                }
+            }
+            WatchEvent::Deleted(item) => item
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| self.nodes.remove(name).is_some()),
+            WatchEvent::Bookmark(_) | WatchEvent::Error(_) => false,
+        }
+    }
+
+    /// The nodes as the verdict takes them, each with its readiness when it was read
+    /// (`ready`; a node the table did not show is Unknown).
+    pub fn for_verdict<'a>(
+        &'a self,
+        ready: Option<&'a BTreeMap<String, Ready>>,
+    ) -> impl Iterator<Item = verdict::Node<'a>> + 'a {
+        self.nodes.iter().map(move |(name, meta)| verdict::Node {
+            name,
+            ready: ready.map(|r| r.get(name).copied().unwrap_or(Ready::Unknown)),
+            deleting: meta.deleting,
+            report: &meta.report,
+        })
+    }
+}
+
+/// The agent's annotation of a Node, when it has one.
+fn annotation(item: &PartialObjectMeta<KubeNode>) -> Option<&str> {
+    item.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(held::ANNOTATION))
+        .map(String::as_str)
+}
+
+fn kept(item: &PartialObjectMeta<KubeNode>) -> Option<(String, NodeMeta)> {
+    let name = item.metadata.name.clone()?;
+    let deleting = item.metadata.deletion_timestamp.is_some();
+    Some((name, NodeMeta::of(deleting, annotation(item))))
+}
+
+/// What went wrong with a request about the Nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trouble {
+    /// For an operator: what answered what, RBAC named when it is the cause.
+    pub text: String,
+    /// Its kind, for the watch's lifecycle.
+    pub failure: Failure,
+    /// The server refused these credentials (401, 403): asking again will not help.
+    pub refused: bool,
+}
+
+impl Trouble {
+    fn new(text: String, failure: Failure) -> Trouble {
+        Trouble {
+            text,
+            failure,
+            refused: false,
+        }
+    }
+}
+
+/// What went wrong with a request about the Nodes, said for an operator (RBAC named when
+/// it is the cause), and its kind for the watch's lifecycle.
+pub fn problem(server: &str, error: &kube::Error) -> Trouble {
+    let failure = cluster::failure_of(error);
+    let refused = matches!(error, kube::Error::Api(status) if matches!(status.code, 401 | 403));
+    let text = match error {
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "{server}: HTTP 403: {} (reading the Nodes needs get, list and watch on nodes)",
+            crate::text::escape(&status.message)
+        ),
+        kube::Error::Api(status) => format!(
+            "{server}: HTTP {} {}: {}",
+            status.code,
+            crate::text::escape(&status.reason),
+            crate::text::escape(&status.message)
+        ),
+        other => format!("{server}: {}", cluster::transport_cause(other).1),
+    };
+    Trouble {
+        text,
+        failure,
+        refused,
+    }
+}
+
+/// A request that takes longer than [`REQUEST_DEADLINE`] is hung.
+async fn within<T>(
+    server: &str,
+    what: &str,
+    request: impl Future<Output = kube::Result<T>>,
+) -> Result<T, Trouble> {
+    match tokio::time::timeout(REQUEST_DEADLINE, request).await {
+        Ok(answer) => answer.map_err(|e| problem(server, &e)),
+        Err(_) => Err(Trouble::new(
+            format!(
+                "{server}: the API server took the {what} request about the Nodes and sent no answer within {}s",
+                REQUEST_DEADLINE.as_secs()
+            ),
+            Failure::Hung,
+        )),
+    }
+}
+
+fn list_params(selector: Option<&str>) -> ListParams {
+    let params = ListParams::default().limit(PAGE);
+    match selector {
+        Some(selector) => params.labels(selector),
+        None => params,
+    }
+}
+
+/// Lists the Nodes' metadata (every page), with `selector` as a label selector: the fleet
+/// and the list's resourceVersion.
+pub async fn list(
+    client: &kube::Client,
+    server: &str,
+    selector: Option<&str>,
+) -> Result<(Fleet, String), Trouble> {
+    let api: Api<KubeNode> = Api::all(client.clone());
+    let mut params = list_params(selector);
+    let mut items = Vec::new();
+    loop {
+        let page = within(server, "list", api.list_metadata(&params)).await?;
+        items.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => {
+                let rv = page.metadata.resource_version.unwrap_or_default();
+                return Ok((Fleet::listed(items), rv));
+            }
+        }
+    }
+}
+
+/// The Ready condition of each Node, read once from a server-side Table of the Nodes (its
+/// Status column: `Ready`, `NotReady` or `Unknown`, with `,SchedulingDisabled` when
+/// cordoned), so that no Node's status is transferred whole.
+pub async fn readiness(
+    client: &kube::Client,
+    server: &str,
+    selector: Option<&str>,
+) -> Result<BTreeMap<String, Ready>, Trouble> {
+    let mut ready = BTreeMap::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut query = format!("limit={PAGE}");
+        if let Some(selector) = selector {
+            query.push_str(&format!("&labelSelector={}", encode(selector)));
+        }
+        if let Some(token) = &token {
+            query.push_str(&format!("&continue={}", encode(token)));
+        }
+        let request = http::Request::get(format!("/api/v1/nodes?{query}"))
+            .header(
+                http::header::ACCEPT,
+                "application/json;as=Table;g=meta.k8s.io;v=v1",
+            )
+            .body(Vec::new())
+            .expect("a valid request");
+        let text = within(server, "list", client.request_text(request)).await?;
+        let table: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Trouble::new(
+                format!("{server}: the Nodes' table is not JSON: {e}"),
+                Failure::ANSWERED,
+            )
+        })?;
+        token = table_readiness(&table, &mut ready)
+            .map_err(|why| Trouble::new(format!("{server}: {why}"), Failure::ANSWERED))?;
+        if token.is_none() {
+            return Ok(ready);
+        }
+    }
+}
+
+/// Reads one page of the Nodes' Table into `ready`; the continue token of the next page.
+fn table_readiness(
+    table: &serde_json::Value,
+    ready: &mut BTreeMap<String, Ready>,
+) -> Result<Option<String>, String> {
+    let columns = table["columnDefinitions"]
+        .as_array()
+        .ok_or("the Nodes' table has no columns")?;
+    let at = |wanted: &str| {
+        columns
+            .iter()
+            .position(|c| c["name"].as_str() == Some(wanted))
+            .ok_or(format!("the Nodes' table has no {wanted} column"))
+    };
+    let (name_at, status_at) = (at("Name")?, at("Status")?);
+    for row in table["rows"].as_array().into_iter().flatten() {
+        let cells = &row["cells"];
+        let Some(name) = cells[name_at].as_str() else {
+            continue;
+        };
+        let status = cells[status_at].as_str().unwrap_or_default();
+        ready.insert(name.to_string(), ready_of(status));
+    }
+    Ok(table["metadata"]["continue"]
+        .as_str()
+        .filter(|c| !c.is_empty())
+        .map(str::to_string))
+}
+
+/// A Status cell of the Nodes' table (`Ready,SchedulingDisabled`) as a Ready condition.
+fn ready_of(status: &str) -> Ready {
+    match status.split(',').next().unwrap_or_default() {
+        "Ready" => Ready::True,
+        "NotReady" => Ready::False,
+        _ => Ready::Unknown,
+    }
+}
+
+/// Percent-encodes a query value (label selectors hold `=`, `!`, `,`, parentheses).
+fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Follows the Nodes (with `selector` as a label selector) for as long as the process
+/// runs, each change of what is kept sent on `fleet`. A failure is told there too (the
+/// last known Nodes stay, with the problem), and its end.
+pub async fn follow(
+    mut credentials: Credentials,
+    selector: Option<String>,
+    fleet: watch::Sender<Arc<Fleet>>,
+) {
+    let selector = selector.as_deref();
+    // Bookmarks are on by default.
+    let mut watch_params = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
+    if let Some(selector) = selector {
+        watch_params = watch_params.labels(selector);
+    }
+    let set_problem = |problem: Option<Trouble>| {
+        fleet.send_if_modified(|f| {
+            if f.problem == problem {
+                return false;
+            }
+            Arc::make_mut(f).problem = problem.clone();
+            true
+        });
+    };
+    let (mut state, mut action) = Watch::start();
+    let mut open: Option<
+        BoxStream<'static, kube::Result<WatchEvent<PartialObjectMeta<KubeNode>>>>,
+    > = None;
+    let mut heard = tokio::time::Instant::now();
+    let mut said_down = false;
+    loop {
+        let current = credentials.mark_seen();
+        let Some(client) = current.client.clone() else {
+            if current.read {
+                set_problem(Some(Trouble::new(
+                    format!("no usable credentials: {}", current.why_none()),
+                    Failure::ANSWERED,
+                )));
+                state.lost();
+            }
+            credentials.changed().await;
+            continue;
+        };
+        let server = current.server.as_deref().unwrap_or("the API server");
+        let api: Api<KubeNode> = Api::all(client.clone());
+        let mut trouble: Option<Trouble> = None;
+        let happened = match &action {
+            Action::List => match list(&client, server, selector).await {
+                Ok((listed, rv)) if !rv.is_empty() => {
+                    fleet.send_modify(|f| *f = Arc::new(listed));
+                    Happened::Listed { rv }
+                }
+                Ok(_) => {
+                    trouble = Some(Trouble::new(
+                        format!(
+                            "{server}: the list of Nodes came without a resourceVersion to watch from"
+                        ),
+                        Failure::ANSWERED,
+                    ));
+                    Happened::Failed(Failure::ANSWERED)
+                }
+                Err(why) => {
+                    let failure = why.failure;
+                    trouble = Some(why);
+                    Happened::Failed(failure)
+                }
+            },
+            Action::Watch { rv } => {
+                match within(server, "watch", api.watch_metadata(&watch_params, rv)).await {
+                    Ok(events) => {
+                        open = Some(events.boxed());
+                        heard = tokio::time::Instant::now();
+                        Happened::Opened
+                    }
+                    Err(why) => {
+                        let failure = why.failure;
+                        trouble = Some(why);
+                        Happened::Failed(failure)
+                    }
+                }
+            }
+            Action::Read { confirm_at } => match open.as_mut() {
+                None => Happened::Ended,
+                Some(events) => {
+                    let confirm = async {
+                        match confirm_at {
+                            Some(at) => tokio::time::sleep_until(*at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => {
+                            heard = tokio::time::Instant::now();
+                            let (happened, why) = item(next, server, state.rv(), &fleet);
+                            trouble = why;
+                            happened
+                        }
+                        () = confirm => Happened::StayedOpen,
+                    }
+                }
+            },
+            Action::Wait { until } => {
+                let generation = current.generation;
+                let newer = async {
+                    loop {
+                        credentials.changed().await;
+                        if credentials.current().generation != generation {
+                            return;
+                        }
+                    }
+                };
+                match tokio::time::timeout_at(*until, newer).await {
+                    Ok(()) => Happened::NewCredentials,
+                    Err(_) => Happened::Waited,
+                }
+            }
+        };
+        if happened == Happened::Failed(Failure::Expired) {
+            tracing::info!(
+                "the API server no longer has the Nodes' watch resourceVersion (410 Gone, as after a restart): listing the Nodes again"
+            );
+        }
+        let step = state.step(happened, tokio::time::Instant::now(), lifecycle::jitter());
+        if let Some(back) = &step.went_back {
+            tracing::warn!(
+                from = %back.from,
+                to = %back.to,
+                "the API server's store went back: its resourceVersion is now {} where the Nodes' watch had reached {} (a store restored from a backup?); following what it holds now",
+                back.to,
+                back.from,
+            );
+        }
+        match step.report {
+            Told::Down => {
+                let why = trouble.unwrap_or_else(|| {
+                    Trouble::new(
+                        format!("{server}: the Nodes' watch failed"),
+                        Failure::ANSWERED,
+                    )
+                });
+                if !said_down {
+                    tracing::warn!("cannot follow the Nodes: {}; retrying", why.text);
+                    said_down = true;
+                }
+                set_problem(Some(why));
+            }
+            Told::Up => {
+                if said_down {
+                    tracing::info!("following the Nodes again");
+                    said_down = false;
+                }
+                set_problem(None);
+            }
+            Told::Nothing => {}
+        }
+        if !matches!(step.action, Action::Read { .. }) {
+            open = None;
+        }
+        action = step.action;
+    }
+}
+
+/// What an item of the open watch (or its silence) means for the lifecycle, the fleet
+/// changed as it says; with what went wrong, if anything did.
+fn item(
+    next: Result<
+        Option<kube::Result<WatchEvent<PartialObjectMeta<KubeNode>>>>,
+        tokio::time::error::Elapsed,
+    >,
+    server: &str,
+    rv: Option<&str>,
+    fleet: &watch::Sender<Arc<Fleet>>,
+) -> (Happened, Option<Trouble>) {
+    match next {
+        Ok(Some(Ok(WatchEvent::Error(status)))) => {
+            let why = problem(server, &kube::Error::Api(status.clone()));
+            (Happened::Failed(why.failure), Some(why))
+        }
+        Ok(Some(Ok(event))) => {
+            let at = match &event {
+                WatchEvent::Added(i) | WatchEvent::Modified(i) | WatchEvent::Deleted(i) => {
+                    i.metadata.resource_version.clone()
+                }
+                WatchEvent::Bookmark(b) => Some(b.metadata.resource_version.clone()),
+                WatchEvent::Error(_) => None,
+            };
+            let rv = at.or_else(|| rv.map(str::to_string)).unwrap_or_default();
+            fleet.send_if_modified(|f| Arc::make_mut(f).apply(&event));
+            (Happened::Delivered { rv }, None)
+        }
+        Ok(None) => (
+            Happened::Ended,
+            Some(Trouble::new(
+                format!(
+                    "{server}: the Nodes' watch ended as soon as it was opened (a proxy that cuts streams?)"
+                ),
+                Failure::ANSWERED,
+            )),
+        ),
+        Ok(Some(Err(error))) => {
+            let why = problem(server, &error);
+            (Happened::Failed(why.failure), Some(why))
+        }
+        Err(_) => (
+            Happened::Failed(Failure::Hung),
+            Some(Trouble::new(
+                format!(
+                    "{server}: the Nodes' watch sent nothing for {}s: the API server or the connection to it is hung; listing again",
+                    WATCH_SILENCE.as_secs()
+                ),
+                Failure::Hung,
+            )),
+        ),
+    }
+}
+
+/// How long `rollout` waits for the first reading of its credentials.
+pub const CREDENTIALS_FIRST_READ: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use serde_json::json;
+
+    fn node(name: &str, annotation: Option<&str>, deleting: bool) -> PartialObjectMeta<KubeNode> {
+        let annotations = annotation.map(|a| {
+            [
+                (held::ANNOTATION.to_string(), a.to_string()),
+                ("other".to_string(), "x".repeat(100)),
+            ]
+            .into()
+        });
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                annotations,
+                resource_version: Some("7".into()),
+                deletion_timestamp: deleting.then(|| Time(Default::default())),
+                ..ObjectMeta::default()
+            },
+            _phantom: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_list_keeps_each_nodes_report_read_and_an_oversized_one_by_its_size_only() {
+        let huge = "x".repeat(held::MAX_BYTES + 1);
+        let fleet = Fleet::listed(vec![
+            node("a", None, false),
+            node("b", Some("{}"), true),
+            node("c", Some(&huge), false),
+        ]);
+        assert!(fleet.listed);
+        assert_eq!(fleet.nodes.len(), 3);
+        assert_eq!(*fleet.nodes["a"].report, Report::Missing);
+        assert!(fleet.nodes["b"].deleting);
+        assert!(matches!(*fleet.nodes["b"].report, Report::Read(Err(_))));
+        assert_eq!(
+            *fleet.nodes["c"].report,
+            Report::Oversized(held::MAX_BYTES + 1)
+        );
+        let mut nameless = node("x", None, false);
+        nameless.metadata.name = None;
+        assert!(Fleet::listed(vec![nameless]).nodes.is_empty());
+    }
+
+    #[test]
+    fn an_event_changes_the_fleet_only_when_what_is_kept_changes() {
+        let mut fleet = Fleet::listed(vec![node("a", Some("{}"), false)]);
+        // A status update or a label: the same annotation, nothing to tell.
+        assert!(!fleet.apply(&WatchEvent::Modified(node("a", Some("{}"), false))));
+        assert!(fleet.apply(&WatchEvent::Modified(node("a", Some("{ }"), false))));
+        assert!(fleet.apply(&WatchEvent::Modified(node("a", Some("{ }"), true))));
+        assert!(fleet.nodes["a"].deleting);
+        assert!(fleet.apply(&WatchEvent::Added(node("b", None, false))));
+        assert_eq!(fleet.nodes.len(), 2);
+        assert!(fleet.apply(&WatchEvent::Deleted(node("b", None, false))));
+        assert!(!fleet.apply(&WatchEvent::Deleted(node("b", None, false))));
+        assert_eq!(fleet.nodes.len(), 1);
+        let mut nameless = node("x", None, false);
+        nameless.metadata.name = None;
+        assert!(!fleet.apply(&WatchEvent::Added(nameless)));
+        let bookmark = serde_json::from_value(json!({
+            "type": "BOOKMARK",
+            "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}}
+        }))
+        .unwrap();
+        assert!(!fleet.apply(&bookmark));
+        assert_eq!(fleet.nodes.len(), 1);
+    }
+
+    #[test]
+    fn the_verdict_sees_each_node_with_its_readiness_or_unknown() {
+        let fleet = Fleet::listed(vec![node("a", None, false), node("b", None, true)]);
+        let ready = BTreeMap::from([("a".to_string(), Ready::False)]);
+        let nodes: Vec<verdict::Node<'_>> = fleet.for_verdict(Some(&ready)).collect();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!((nodes[0].name, nodes[0].ready), ("a", Some(Ready::False)));
+        assert_eq!(
+            (nodes[1].ready, nodes[1].deleting),
+            (Some(Ready::Unknown), true)
+        );
+        assert!(fleet.for_verdict(None).all(|n| n.ready.is_none()));
+    }
+
+    #[test]
+    fn readiness_comes_from_the_tables_status_column() {
+        let table = json!({
+            "kind": "Table",
+            "columnDefinitions": [
+                {"name": "Name"}, {"name": "Status"}, {"name": "Roles"}
+            ],
+            "rows": [
+                {"cells": ["a", "Ready", "<none>"]},
+                {"cells": ["b", "NotReady,SchedulingDisabled", "<none>"]},
+                {"cells": ["c", "Unknown", "<none>"]},
+                {"cells": [7, "Ready", "<none>"]},
+            ],
+            "metadata": {"continue": "next"}
+        });
+        let mut ready = BTreeMap::new();
+        assert_eq!(
+            table_readiness(&table, &mut ready),
+            Ok(Some("next".to_string()))
+        );
+        assert_eq!(ready.len(), 3);
+        assert_eq!(ready["a"], Ready::True);
+        assert_eq!(ready["b"], Ready::False);
+        assert_eq!(ready["c"], Ready::Unknown);
+        let last = json!({"columnDefinitions": [{"name": "Name"}, {"name": "Status"}], "rows": [], "metadata": {"continue": ""}});
+        assert_eq!(table_readiness(&last, &mut ready), Ok(None));
+        let bad = json!({"columnDefinitions": [{"name": "Name"}]});
+        assert_eq!(
+            table_readiness(&bad, &mut ready),
+            Err("the Nodes' table has no Status column".to_string())
+        );
+        assert!(table_readiness(&json!({}), &mut ready).is_err());
+        assert_eq!(ready_of("Ready,SchedulingDisabled"), Ready::True);
+        assert_eq!(ready_of(""), Ready::Unknown);
+    }
+
+    #[test]
+    fn a_selector_is_encoded_for_the_query() {
+        assert_eq!(encode("role in (a,b),!x"), "role%20in%20%28a%2Cb%29%2C%21x");
+        assert_eq!(encode("a-b_c.d~e"), "a-b_c.d~e");
+        assert_eq!(
+            list_params(Some("a=b")).label_selector.as_deref(),
+            Some("a=b")
+        );
+        assert_eq!(list_params(None).limit, Some(PAGE));
+    }
+
+    #[test]
+    fn a_refusal_names_the_permission_needed() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let why = problem("https://h:6443", &status(403, "nodes is forbidden"));
+        assert!(why.text.contains("get, list and watch on nodes"), "{why:?}");
+        assert_eq!((why.failure, why.refused), (Failure::ANSWERED, true));
+        assert!(problem("h", &status(401, "Unauthorized")).refused);
+        let why = problem("https://h:6443", &status(410, "too old\u{1b}"));
+        assert_eq!((why.failure, why.refused), (Failure::Expired, false));
+        assert!(why.text.starts_with("https://h:6443: HTTP 410"), "{why:?}");
+        assert!(!why.text.contains('\u{1b}'));
+    }
+}

@@ -1,0 +1,355 @@
+//! The rollout gate (SPEC 8c) through the real binary, against the real API server of
+//! `../shared/tools/kube-apiserver/cluster`: Nodes with hand-written reports (current,
+//! behind, invalid, oversized, wrongly typed, missing, NotReady, being deleted), `rollout
+//! status` as a table and as JSON with its exit codes, a read-only identity and one without
+//! access to the Nodes, the kubectl plugin's name, and `rollout wait` exiting the moment the
+//! last node's report is written, through an API server restart, and on its timeout.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::pki::{Algorithm, Signer};
+use common::real_cluster::Cluster;
+use common::{agent_bin, sha256_hex, stderr, stdout};
+use serde_json::{Value, json};
+
+const NS: &str = "openshift-config-managed";
+const NAME: &str = "kube-apiserver-client-ca";
+const BUNDLE: &str = "/etc/kubernetes/kubelet-ca.crt";
+
+/// A report as the node agent writes it, its bundle holding `certs`.
+fn held(certs: &[&str]) -> String {
+    json!({
+        "v": 1, "agent": "0.1.0", "changed": "2026-11-27T15:00:00Z",
+        "targets": [{"path": BUNDLE, "kind": "bundle", "certs": certs, "inSync": true}],
+    })
+    .to_string()
+}
+
+fn rollout(kubeconfig: &Path, args: &[&str]) -> Output {
+    Command::new(agent_bin())
+        .arg("rollout")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run the agent")
+}
+
+/// Two signers published in the ConfigMap the nodes read, and their fingerprints.
+fn signers(cluster: &Cluster) -> (Signer, Signer, String, String) {
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("kube-csr-signer_@1700000002", Algorithm::P256),
+    );
+    let bundle = format!("{}{}", a.pem(), b.pem());
+    cluster.put_configmap(NS, NAME, &[("ca-bundle.crt", &bundle)]);
+    let (fa, fb) = (sha256_hex(&a.der()), sha256_hex(&b.der()));
+    (a, b, fa, fb)
+}
+
+#[test]
+fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    cluster.create_node("good", Some(&held(&[&fa, &fb])));
+    cluster.create_node("down", Some(&held(&[&fb, &fa])));
+    cluster.set_ready("good", "True");
+    cluster.set_ready("down", "False");
+    cluster.create_node("behind", Some(&held(&[&fa])));
+    cluster.create_node("garbage", Some("{\"v\":1,\"targets\":7}"));
+    cluster.create_node("wrong-type", Some(&held(&[&fa]).replace("true", "\"yes\"")));
+    let oversized = format!("{{\"v\":1,\"pad\":\"{}\"}}", "x".repeat(20 * 1024));
+    cluster.create_node("oversized", Some(&oversized));
+    cluster.create_node("silent", None);
+    cluster.create_node("leaving", Some(&held(&[&fa])));
+    cluster.delete_node_held("leaving");
+    let admin = cluster.admin_kubeconfig();
+
+    let out = rollout(&admin, &["status"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    let first = text.lines().next().unwrap();
+    assert_eq!(
+        first,
+        "2 of 7 nodes hold what the sources make (2 certificates); 1 node being deleted is left out"
+    );
+    assert!(
+        text.contains(&format!(
+            "kube-csr-signer_@1700000002 (sha256:{}...)",
+            &fb[..12]
+        )),
+        "{text}"
+    );
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no line for {name}: {text}"))
+            .to_string()
+    };
+    assert!(line("behind").contains(" behind "), "{text}");
+    assert!(
+        line("behind").contains("lacks kube-csr-signer_@1700000002"),
+        "{text}"
+    );
+    assert!(line("garbage").contains(" invalid "), "{text}");
+    assert!(
+        line("wrong-type").contains("invalid report: not a report"),
+        "{text}"
+    );
+    assert!(
+        line("oversized").contains("over the 16384 allowed"),
+        "{text}"
+    );
+    assert!(line("silent").contains(" unreported "), "{text}");
+    assert!(!text.contains("leaving"), "{text}");
+    // Current nodes are not listed, NotReady or not; a NotReady laggard would be marked.
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("good ") || l.starts_with("down "))
+    );
+
+    let out = rollout(&admin, &["status", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        (json["counted"].as_u64(), json["current"].as_u64()),
+        (Some(7), Some(2))
+    );
+    assert_eq!(json["leftOut"], 1);
+    assert_eq!(json["states"]["invalid"], 3);
+    let nodes = json["nodes"].as_array().unwrap();
+    let node = |name: &str| nodes.iter().find(|n| n["name"] == name).unwrap().clone();
+    assert_eq!(node("down")["state"], "current");
+    assert_eq!(node("down")["ready"], "false");
+    assert_eq!(node("down")["why"][0]["reason"], "notReady");
+    assert_eq!(node("good")["ready"], "true");
+    assert_eq!(node("silent")["state"], "unreported");
+    assert_eq!(node("behind")["lacks"][0]["sha256"], fb.as_str());
+    assert_eq!(json["certificates"][1]["holding"], 2);
+
+    // The current nodes alone: exit 0.
+    for name in ["good", "down"] {
+        let body = json!({"metadata": {"labels": {"rollout": "done"}}});
+        cluster.request("PATCH", &format!("/api/v1/nodes/{name}"), Some(&body));
+    }
+    let out = rollout(&admin, &["status", "--selector", "rollout=done"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(stdout(&out).starts_with("2 of 2 nodes hold"));
+
+    // A read-only identity: get, list and watch on nodes and on the source alone.
+    let viewer = cluster.kubeconfig_for("viewer", &[]);
+    cluster.grant_nodes(&["get", "list", "watch"], "viewer");
+    cluster.grant_configmaps(NS, &[NAME], &["get", "list", "watch"], "viewer");
+    let out = rollout(&viewer, &["status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("2 of 7 nodes hold"),
+        "{}",
+        stdout(&out)
+    );
+    // Without access to the Nodes: exit 2, saying what is needed.
+    let stranger = cluster.kubeconfig_for("stranger", &[]);
+    cluster.grant_configmaps(NS, &[NAME], &["get", "list", "watch"], "stranger");
+    let out = rollout(&stranger, &["status"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("get, list and watch on nodes"),
+        "{}",
+        stderr(&out)
+    );
+    // Without access to the sources: exit 2 too.
+    let blind = cluster.kubeconfig_for("blind", &[]);
+    cluster.grant_nodes(&["get", "list", "watch"], "blind");
+    let out = rollout(&blind, &["status"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("cannot read the sources"),
+        "{}",
+        stderr(&out)
+    );
+
+    // As the kubectl plugin.
+    let bin = tempfile::tempdir().unwrap();
+    let plugin = bin.path().join("kubectl-kubelet_ca");
+    std::os::unix::fs::symlink(agent_bin(), &plugin).unwrap();
+    let help = Command::new(&plugin)
+        .args(["rollout", "status", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&help).contains("kubectl kubelet-ca rollout status"),
+        "{}",
+        stdout(&help)
+    );
+    let out = Command::new(&plugin)
+        .args(["rollout", "status", "--kubeconfig"])
+        .arg(&admin)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).starts_with("2 of 7 nodes hold"));
+    if Path::new("/usr/bin/kubectl").exists() {
+        let path = format!(
+            "{}:{}",
+            bin.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("/usr/bin/kubectl")
+            .args([
+                "kubelet-ca",
+                "rollout",
+                "status",
+                "-o",
+                "json",
+                "--kubeconfig",
+            ])
+            .arg(&admin)
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).expect("JSON through kubectl");
+        assert_eq!(json["counted"], 7);
+    }
+}
+
+/// `rollout wait` running in the background: its lines as they come, and its exit.
+struct Waiting {
+    lines: mpsc::Receiver<String>,
+    child: std::process::Child,
+}
+
+impl Waiting {
+    fn start(kubeconfig: &Path, args: &[&str]) -> Waiting {
+        let mut child = Command::new(agent_bin())
+            .args(["rollout", "wait"])
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start rollout wait");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Waiting { lines, child }
+    }
+
+    /// The next line, within `limit`.
+    fn line(&self, limit: Duration) -> String {
+        self.lines
+            .recv_timeout(limit)
+            .expect("a line from rollout wait")
+    }
+
+    /// Its exit code, once it has exited within `limit`.
+    fn exit(&mut self, limit: Duration) -> Option<i32> {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        panic!("rollout wait did not exit within {limit:?}");
+    }
+}
+
+#[test]
+fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_restart() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, b, fa, fb) = signers(&cluster);
+    for name in ["n1", "n2", "n3"] {
+        cluster.create_node(name, Some(&held(&[&fa])));
+    }
+    let admin = cluster.admin_kubeconfig();
+    let new_ca = cluster.path("new-ca.pem");
+    std::fs::write(&new_ca, b.pem()).unwrap();
+    let colons: Vec<String> = fb
+        .as_bytes()
+        .chunks(2)
+        .map(|p| String::from_utf8_lossy(p).to_uppercase())
+        .collect();
+    let mut wait = Waiting::start(&admin, &["--for", &format!("add={}", colons.join(":"))]);
+    let name = format!("kube-csr-signer_@1700000002 (sha256:{}...)", &fb[..12]);
+    let second = Duration::from_secs(1);
+    assert_eq!(wait.line(20 * second), format!("0 of 3 nodes hold {name}"));
+    cluster.set_held("n1", Some(&held(&[&fa, &fb])));
+    assert_eq!(wait.line(5 * second), format!("1 of 3 nodes hold {name}"));
+    // The API server restarts: the watch gets 410 and lists again at once.
+    cluster.restart();
+    cluster.set_held("n2", Some(&held(&[&fb])));
+    assert_eq!(wait.line(15 * second), format!("2 of 3 nodes hold {name}"));
+    // A node being deleted is left out: the last one it waits for.
+    cluster.delete_node_held("n3");
+    assert!(
+        wait.line(5 * second)
+            .starts_with(&format!("2 of 2 nodes hold {name}")),
+        "the count moves when n3 leaves"
+    );
+    assert_eq!(wait.exit(5 * second), Some(0));
+
+    // remove= with a timeout: exit 1, naming the laggards as status does.
+    let mut wait = Waiting::start(
+        &admin,
+        &[
+            "--for",
+            &format!("remove=file:{}", new_ca.display()),
+            "--timeout",
+            "3s",
+        ],
+    );
+    assert_eq!(wait.exit(30 * second), Some(1));
+    let lines: Vec<String> = wait.lines.try_iter().collect();
+    let text = lines.join("\n");
+    assert!(
+        text.contains("timed out after 3s: 0 of 2 nodes no longer hold"),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("n1 ") && l.contains("still holds kube-csr-signer_@1700000002")),
+        "{text}"
+    );
+    assert!(lines.iter().any(|l| l.starts_with("n2 ")), "{text}");
+    assert!(!lines.iter().any(|l| l.starts_with("n3 ")), "{text}");
+    // The moment n1 and n2 drop it, a wait for the removal exits 0.
+    cluster.set_held("n1", Some(&held(&[&fa])));
+    cluster.set_held("n2", Some(&held(&[&fa])));
+    let mut wait = Waiting::start(
+        &admin,
+        &["--for", &format!("remove={fb}"), "--timeout", "30s"],
+    );
+    assert_eq!(wait.exit(20 * second), Some(0));
+    // A usage error: exit 2.
+    let out = rollout(&admin, &["wait", "--for", "add=nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = rollout(&admin, &["wait", "--for", "add=file:/nonexistent.pem"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
