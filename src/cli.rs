@@ -179,7 +179,10 @@ pub struct CommonArgs {
         default_value = "/etc/kubernetes/kubelet-ca.crt"
     )]
     pub bundle: PathBuf,
-    /// Kubeconfig for cluster sources (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig for cluster sources. Default: in-cluster, then $KUBECONFIG, then
+    /// ~/.kube/config when it exists, then the kubelet's own kubeconfig
+    /// (/var/lib/kubelet/kubeconfig on OpenShift, /etc/kubernetes/kubelet.conf on kubeadm);
+    /// the choice is said at start.
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Where history and the agent's memory are kept.
@@ -477,6 +480,10 @@ pub struct PublishArgs {
     /// Publish once and exit instead of watching.
     #[arg(long, env = "KUBELET_CA_AGENT_ONCE", value_parser = BoolishValueParser::new())]
     pub once: bool,
+    /// Count only the Nodes with these labels in the fleet's metrics (a label selector, e.g.
+    /// kubernetes.io/os=linux: the nodes that run the node agent). Default: every Node.
+    #[arg(long, value_name = "LABELS", env = "KUBELET_CA_AGENT_NODE_SELECTOR")]
+    pub node_selector: Option<String>,
     /// Where the signers come from, in priority order (repeat the flag, or separate with
     /// commas): configmap:NAMESPACE/NAME[/KEY|/PREFIX*|/*] or controllerconfig:NAME[/FIELD].
     #[arg(
@@ -530,7 +537,9 @@ pub struct PublishArgs {
         value_parser = parse_cluster_registry_source
     )]
     pub registry_sources: Vec<SourceSpec>,
-    /// Kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig. Default: in-cluster, then $KUBECONFIG, then ~/.kube/config when it
+    /// exists, then the kubelet's own kubeconfig (/var/lib/kubelet/kubeconfig,
+    /// /etc/kubernetes/kubelet.conf).
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Leave certificates past their notAfter out of the bundle (default: keep them).
@@ -843,7 +852,9 @@ pub struct RolloutArgs {
     /// node-role.kubernetes.io/worker).
     #[arg(long, value_name = "LABELS", env = "KUBELET_CA_AGENT_SELECTOR")]
     pub selector: Option<String>,
-    /// Kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig. Default: in-cluster, then $KUBECONFIG, then ~/.kube/config when it
+    /// exists, then the kubelet's own kubeconfig (/var/lib/kubelet/kubeconfig,
+    /// /etc/kubernetes/kubelet.conf).
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// The nodes leave certificates past their notAfter out of the bundle (as their own

@@ -275,6 +275,8 @@ pub struct Publish {
     pub kubeconfig: Option<PathBuf>,
     /// Whether certificates past their notAfter are left out.
     pub drop_expired: bool,
+    /// The Nodes the fleet's metrics count (a label selector); None: every Node.
+    pub node_selector: Option<String>,
     /// The endpoint served while watching; None with `--once`, which publishes once and
     /// exits (and serves nothing).
     pub server: Option<Server>,

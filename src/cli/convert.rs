@@ -140,6 +140,7 @@ impl PublishArgs {
             registry_sources: args.registry_sources.clone(),
             kubeconfig: args.kubeconfig.clone(),
             drop_expired: args.drop_expired,
+            node_selector: args.node_selector.clone().filter(|s| !s.trim().is_empty()),
             server,
         })
     }

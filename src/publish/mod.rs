@@ -519,7 +519,7 @@ async fn watch_and_publish(
     let (fleet_tx, fleet) = watch::channel(Arc::new(crate::fleet::nodes::Fleet::default()));
     tokio::spawn(crate::fleet::nodes::follow(
         credentials.clone(),
-        None,
+        args.node_selector.clone(),
         fleet_tx,
     ));
     let mut fleet_changes = fleet.clone();
