@@ -203,6 +203,21 @@ impl Credentials {
         self.current.borrow_and_update().clone()
     }
 
+    /// Waits until `until`, or until a client newer than `generation` is built: true when
+    /// the new client came first. New credentials are likely what a failed request was
+    /// waiting for, so a backoff ends with them.
+    pub async fn newer_before(&mut self, generation: u64, until: Instant) -> bool {
+        let newer = async {
+            loop {
+                self.changed().await;
+                if self.current().generation != generation {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout_at(until, newer).await.is_ok()
+    }
+
     /// An answer proved the credentials stale (a 401, or a server certificate that the
     /// trusted CA does not sign): read them again now.
     pub fn stale(&self) {

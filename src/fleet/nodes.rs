@@ -436,18 +436,10 @@ pub async fn follow(
                 }
             },
             Action::Wait { until } => {
-                let generation = current.generation;
-                let newer = async {
-                    loop {
-                        credentials.changed().await;
-                        if credentials.current().generation != generation {
-                            return;
-                        }
-                    }
-                };
-                match tokio::time::timeout_at(*until, newer).await {
-                    Ok(()) => Happened::NewCredentials,
-                    Err(_) => Happened::Waited,
+                if credentials.newer_before(current.generation, *until).await {
+                    Happened::NewCredentials
+                } else {
+                    Happened::Waited
                 }
             }
         };

@@ -1018,18 +1018,10 @@ async fn follow<K, T: Clone>(
                 // A new client ends the wait: new credentials are likely what the failure
                 // was waiting for. (There is a client here, and there is one from then on:
                 // a problem with the credentials on disk keeps the last good one.)
-                let generation = creds.generation;
-                let newer = async {
-                    loop {
-                        credentials.changed().await;
-                        if credentials.current().generation != generation {
-                            return;
-                        }
-                    }
-                };
-                match tokio::time::timeout_at(*until, newer).await {
-                    Ok(()) => Happened::NewCredentials,
-                    Err(_) => Happened::Waited,
+                if credentials.newer_before(creds.generation, *until).await {
+                    Happened::NewCredentials
+                } else {
+                    Happened::Waited
                 }
             }
         };
