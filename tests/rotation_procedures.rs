@@ -324,6 +324,7 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
         &["--for", &format!("add={new_sha}"), "--timeout", "5s"],
         30 * SECOND,
     );
+    eprintln!("the gate, worker-3's agent paused:\n{text}");
     assert_eq!(code, Some(1), "{text}");
     assert!(
         text.contains("timed out after 5s: 2 of 3 nodes hold kube-csr-signer_@1701728000"),
@@ -701,14 +702,19 @@ fn a_kubeadm_serving_ca_rotation_switches_the_api_server_only_once_every_kubelet
         stderr(&out)
     );
 
-    // The new CA, made as the docs make it.
+    // A copy of the CA the API server presents now, and the new CA, made as the docs make it.
+    fs::copy(pki.join("ca.crt"), pki.join("old-ca.crt")).unwrap();
     bash(
         &pki,
         "openssl req -x509 -newkey rsa:2048 -nodes -keyout new-ca.key -out new-ca.crt -days 3650 \
          -subj \"/CN=kubernetes-2\" -addext \"basicConstraints=critical,CA:TRUE\" \
          -addext \"keyUsage=critical,keyCertSign,cRLSign\" 2>/dev/null",
     );
-    fs::copy(pki.join("ca.crt"), pki.join("old-ca.crt")).unwrap();
+    let out = Command::new(agent_bin())
+        .args(["inspect", path_str(&pki.join("new-ca.crt"))])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     let new_ca_path = pki.join("new-ca.crt");
     let old_ca_path = pki.join("old-ca.crt");
     let new_ca = fs::read_to_string(&new_ca_path).unwrap();
@@ -721,6 +727,7 @@ fn a_kubeadm_serving_ca_rotation_switches_the_api_server_only_once_every_kubelet
     // kubelet does not start again: the wait times out (exit 1) naming it.
     let add = format!("add=file:{}", new_ca_path.display());
     let (code, text) = wait(&admin, &gate(&add, "5s"), 30 * SECOND);
+    eprintln!("the gate, worker-3's kubelet not restarted:\n{text}");
     assert_eq!(code, Some(1), "{text}");
     assert!(
         text.contains("timed out after 5s: 2 of 3 nodes hold kubernetes-2"),
