@@ -1,5 +1,6 @@
-//! The rotation procedures of docs/operations.md ("Rotating a CA with the gate"), each run
-//! end to end, step by step as the docs give them, against the real API server of
+//! The rotation procedures of docs/operations.md ("Rotating a signer (OpenShift)" and
+//! "Rotating the API server's serving CA (kubeadm)"), each run end to end, step by step as
+//! the docs give them, against the real API server of
 //! `../shared/tools/kube-apiserver/cluster` (Node authorizer, RBAC, NodeRestriction), with
 //! real node agents (`kubelet-ca-agent run`, each with its own node credentials
 //! `system:node:NAME` signed by the cluster CA) and the real `rollout status` and `rollout
