@@ -539,7 +539,7 @@ def examine_block(block, root, fail, cargo_flags):
                     # A daemon is never run here: parsed only, whatever it reads.
                     block.unrunnable.append("a daemon")
                     continue
-                if sub == ("publish",) or cluster_source or "kubeconfig" in given:
+                if sub in (("publish",), ("rollout",)) or cluster_source or "kubeconfig" in given:
                     block.needs.add("cluster")
                 for a in args:
                     for piece in re.split(r"[=,]|(?<=:)(?=/)", a):
@@ -894,6 +894,16 @@ UNCHECKED_EXITS = [
      "a --manage file that cannot be used: a file the sandbox cannot make unwritable as root"),
     (r"a refused or unwritable registry is left as it was and the run exits 1",
      "an unwritable registry directory: the sandbox runs as root"),
+    (r"exits? 0 the moment every counted node"
+     r"|On `--timeout` \(default: none\) it exits 1"
+     r"|ends \(exit 0\) the moment the last node's report"
+     r"|on `--timeout` it ends with exit 1"
+     r"|`kubelet-ca-agent rollout wait --for sources --timeout 10m` exits 0"
+     r"|Exits 0 when every counted node is current, 1 when one is not, 2 on a usage error"
+     r"|Exits 0 when the condition holds, 1 on --timeout"
+     r"|\(exit 1, naming the laggards\)",
+     "rollout reads Nodes: tests/rollout.rs and tests/rotation_procedures.rs check its exit "
+     "codes against a real API server"),
 ]
 
 
