@@ -179,65 +179,74 @@ impl Writes {
     /// Watches every Node from now on (curl as admin, one JSON event a line).
     fn watch(cluster: &Cluster) -> Writes {
         let writes = Writes::default();
-        let (_, list) = cluster.request("GET", "/api/v1/nodes", None);
-        let rv = list["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        // Each Node's value as the watch starts: a change from it is a write.
-        let mut last: HashMap<String, String> = list["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|node| {
-                let name = node["metadata"]["name"].as_str().unwrap_or("");
-                let value = node["metadata"]["annotations"][HELD].as_str().unwrap_or("");
-                (name.to_string(), value.to_string())
-            })
-            .collect();
         let pki = |name: &str| cluster.path(&format!("pki/{name}"));
-        let mut child = Command::new("curl")
-            .args(["-sN", "--cacert"])
-            .arg(pki("ca.crt"))
-            .arg("--cert")
-            .arg(pki("admin.crt"))
-            .arg("--key")
-            .arg(pki("admin.key"))
-            .arg(format!(
-                "{}/api/v1/nodes?watch=1&resourceVersion={rv}&timeoutSeconds=3600",
-                cluster.url
-            ))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("curl");
-        let stdout = child.stdout.take().unwrap();
+        let curl = Curl {
+            url: cluster.url.clone(),
+            ca: pki("ca.crt"),
+            cert: pki("admin.crt"),
+            key: pki("admin.key"),
+        };
+        let (mut last, mut rv) = curl.list();
         let seen = writes.clone();
         std::thread::spawn(move || {
-            let _child = child;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(event) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                let object = &event["object"];
-                let name = object["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string();
-                let value = object["metadata"]["annotations"][HELD]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string();
-                if last.get(&name) != Some(&value) {
-                    if !value.is_empty() {
-                        let mut writes = seen.0.lock().unwrap();
-                        writes.entry(name.clone()).or_default().push(Instant::now());
+            // A watch the server ends (its timeout, or a reader too slow for a thousand
+            // events at once) is resumed from where it was; one that expired lists again,
+            // and what changed meanwhile counts once.
+            loop {
+                let mut child = curl
+                    .command(&format!(
+                        "/api/v1/nodes?watch=1&allowWatchBookmarks=true&resourceVersion={rv}&timeoutSeconds=600"
+                    ), "PartialObjectMetadata")
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("curl");
+                let stdout = child.stdout.take().unwrap();
+                let mut expired = false;
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    let Ok(event) = serde_json::from_str::<Value>(&line) else {
+                        continue;
+                    };
+                    if event["type"] == "ERROR" {
+                        expired = true;
+                        break;
                     }
-                    last.insert(name, value);
+                    let meta = &event["object"]["metadata"];
+                    if let Some(at) = meta["resourceVersion"].as_str() {
+                        rv = at.to_string();
+                    }
+                    if event["type"] == "BOOKMARK" {
+                        continue;
+                    }
+                    seen.changed(&mut last, meta);
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                if expired {
+                    let (now, at) = curl.list();
+                    for (name, value) in now {
+                        if last.get(&name) != Some(&value) {
+                            let meta = json!({"name": name, "annotations": {HELD: value}});
+                            seen.changed(&mut last, &meta);
+                        }
+                    }
+                    rv = at;
                 }
             }
         });
         writes
+    }
+
+    /// A Node's metadata as a watch event gives it: a write when its annotation changed.
+    fn changed(&self, last: &mut HashMap<String, String>, meta: &Value) {
+        let name = meta["name"].as_str().unwrap_or("").to_string();
+        let value = meta["annotations"][HELD].as_str().unwrap_or("").to_string();
+        if last.get(&name) != Some(&value) {
+            if !value.is_empty() {
+                let mut writes = self.0.lock().unwrap();
+                writes.entry(name.clone()).or_default().push(Instant::now());
+            }
+            last.insert(name, value);
+        }
     }
 
     /// Writes of each of `nodes` between `from` and `to`.
@@ -251,6 +260,59 @@ impl Writes {
                     .map_or(0, |w| w.iter().filter(|t| **t >= from && **t <= to).count())
             })
             .collect()
+    }
+}
+
+/// curl as the cluster's admin, asking for the Nodes' metadata only (small events).
+struct Curl {
+    url: String,
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl Curl {
+    /// A request for `path`, as metadata (`as`: `PartialObjectMetadataList` for a list,
+    /// `PartialObjectMetadata` for a watch).
+    fn command(&self, path: &str, r#as: &str) -> Command {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sN", "--cacert"])
+            .arg(&self.ca)
+            .arg("--cert")
+            .arg(&self.cert)
+            .arg("--key")
+            .arg(&self.key)
+            .arg("-H")
+            .arg(format!(
+                "Accept: application/json;as={as};g=meta.k8s.io;v=v1",
+                r#as = r#as
+            ))
+            .arg(format!("{}{path}", self.url));
+        cmd
+    }
+
+    /// Every Node's annotation value, and the list's resourceVersion.
+    fn list(&self) -> (HashMap<String, String>, String) {
+        let out = self
+            .command("/api/v1/nodes", "PartialObjectMetadataList")
+            .output()
+            .expect("curl");
+        let list: Value = serde_json::from_slice(&out.stdout).expect("a list of Nodes");
+        let rv = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let values = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|node| {
+                let name = node["metadata"]["name"].as_str().unwrap_or("");
+                let value = node["metadata"]["annotations"][HELD].as_str().unwrap_or("");
+                (name.to_string(), value.to_string())
+            })
+            .collect();
+        (values, rv)
     }
 }
 
