@@ -331,7 +331,14 @@ mod tests {
         );
         // Only added; a reorder.
         let both = file("/etc/kubernetes/kubelet-ca.crt", vec![a.clone(), b.clone()]);
-        assert!(!between(&before, &both)[0].note.contains("removed"));
+        assert_eq!(
+            between(&before, &both)[0].note,
+            format!(
+                "/etc/kubernetes/kubelet-ca.crt now holds 2 certificate(s); added signer-b (sha256:{})",
+                b.fingerprint().short()
+            ),
+            "an addition alone is no reorder"
+        );
         let swapped = file("/etc/kubernetes/kubelet-ca.crt", vec![b.clone(), a.clone()]);
         assert!(between(&both, &swapped)[0].note.ends_with("; reordered"));
         // Nothing changed, nothing at start, nothing for a file that is gone or new.
