@@ -530,6 +530,8 @@ mod tests {
         assert_eq!(p.next(now, false), Action::Idle, "no credentials or name");
         assert_eq!(p.next(now, true), Action::Read);
         p.outcome(Outcome::Read(None), now, MIN);
+        // The same status again before the write: the report keeps the time it changed.
+        p.observe(held(&s, "t1, again"), true);
         let Action::Write(json) = p.next(now, true) else {
             panic!("a write")
         };
