@@ -183,6 +183,26 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
         "{}",
         stderr(&out)
     );
+    // A wait for add= or remove= needs the sources only to name the certificates: without
+    // them it goes on with the fingerprints alone (and here times out: exit 1, not 2).
+    let out = rollout(
+        &blind,
+        &["wait", "--for", &format!("add={fb}"), "--timeout", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the certificates are named by their fingerprints alone"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!(
+            "timed out after 1s: 2 of 7 nodes hold sha256:{}...",
+            &fb[..12]
+        )),
+        "{}",
+        stdout(&out)
+    );
 
     // As the kubectl plugin.
     let bin = tempfile::tempdir().unwrap();
