@@ -173,6 +173,19 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
         "{}",
         stderr(&out)
     );
+    // A wait ends on the refusal at once, saying the same, rather than at its timeout.
+    let started = std::time::Instant::now();
+    let out = rollout(
+        &stranger,
+        &["wait", "--for", &format!("add={fb}"), "--timeout", "60s"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("get, list and watch on nodes"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
     // Without access to the sources: exit 2 too.
     let blind = cluster.kubeconfig_for("blind", &[]);
     cluster.grant_nodes(&["get", "list", "watch"], "blind");
