@@ -266,10 +266,13 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
 struct Waiting {
     lines: mpsc::Receiver<String>,
     child: std::process::Child,
+    /// Its log (stderr).
+    log: tempfile::NamedTempFile,
 }
 
 impl Waiting {
     fn start(kubeconfig: &Path, args: &[&str]) -> Waiting {
+        let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(agent_bin())
             .args(["rollout", "wait"])
             .args(args)
@@ -277,7 +280,7 @@ impl Waiting {
             .arg(kubeconfig)
             .env_remove("KUBECONFIG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .expect("start rollout wait");
         let out = child.stdout.take().unwrap();
@@ -287,7 +290,16 @@ impl Waiting {
                 let _ = tx.send(line);
             }
         });
-        Waiting { lines, child }
+        Waiting { lines, child, log }
+    }
+
+    /// How many lines of its log say `what`.
+    fn logged(&self, what: &str) -> usize {
+        std::fs::read_to_string(self.log.path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
     }
 
     /// The next line, within `limit`.
@@ -346,6 +358,10 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
         "the count moves when n3 leaves"
     );
     assert_eq!(wait.exit(5 * second), Some(0));
+    // The restart is told in the log once, not on every retry or event.
+    assert_eq!(wait.logged("cannot follow the Nodes"), 1);
+    assert_eq!(wait.logged("following the Nodes again"), 1);
+    assert!(wait.logged("410 Gone") <= 1);
 
     // remove= with a timeout: exit 1, naming the laggards as status does.
     let mut wait = Waiting::start(
