@@ -553,6 +553,13 @@ mod tests {
         status.file_problem = Some("missing".into());
         let held = Held::of(&status, "t".into());
         assert_eq!(held.targets[0].why.as_deref(), Some("missing"));
+        // Known to differ from its sources, with no reason given: said so, whatever else.
+        status.in_sync = Some(false);
+        let held = Held::of(&status, "t".into());
+        assert_eq!(
+            held.targets[0].why.as_deref(),
+            Some("the file differs from the sources")
+        );
         status.in_sync = Some(true);
         let held = Held::of(&status, "t".into());
         assert!(held.targets[0].in_sync);
