@@ -173,6 +173,19 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
         "{}",
         stderr(&out)
     );
+    // A wait ends on the refusal at once, saying the same, rather than at its timeout.
+    let started = std::time::Instant::now();
+    let out = rollout(
+        &stranger,
+        &["wait", "--for", &format!("add={fb}"), "--timeout", "60s"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("get, list and watch on nodes"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
     // Without access to the sources: exit 2 too.
     let blind = cluster.kubeconfig_for("blind", &[]);
     cluster.grant_nodes(&["get", "list", "watch"], "blind");
@@ -182,6 +195,26 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
         stderr(&out).contains("cannot read the sources"),
         "{}",
         stderr(&out)
+    );
+    // A wait for add= or remove= needs the sources only to name the certificates: without
+    // them it goes on with the fingerprints alone (and here times out: exit 1, not 2).
+    let out = rollout(
+        &blind,
+        &["wait", "--for", &format!("add={fb}"), "--timeout", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the certificates are named by their fingerprints alone"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!(
+            "timed out after 1s: 2 of 7 nodes hold sha256:{}...",
+            &fb[..12]
+        )),
+        "{}",
+        stdout(&out)
     );
 
     // As the kubectl plugin.
@@ -233,10 +266,13 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
 struct Waiting {
     lines: mpsc::Receiver<String>,
     child: std::process::Child,
+    /// Its log (stderr).
+    log: tempfile::NamedTempFile,
 }
 
 impl Waiting {
     fn start(kubeconfig: &Path, args: &[&str]) -> Waiting {
+        let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(agent_bin())
             .args(["rollout", "wait"])
             .args(args)
@@ -244,7 +280,7 @@ impl Waiting {
             .arg(kubeconfig)
             .env_remove("KUBECONFIG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .expect("start rollout wait");
         let out = child.stdout.take().unwrap();
@@ -254,7 +290,16 @@ impl Waiting {
                 let _ = tx.send(line);
             }
         });
-        Waiting { lines, child }
+        Waiting { lines, child, log }
+    }
+
+    /// How many lines of its log say `what`.
+    fn logged(&self, what: &str) -> usize {
+        std::fs::read_to_string(self.log.path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
     }
 
     /// The next line, within `limit`.
@@ -313,6 +358,10 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
         "the count moves when n3 leaves"
     );
     assert_eq!(wait.exit(5 * second), Some(0));
+    // The restart is told in the log once, not on every retry or event.
+    assert_eq!(wait.logged("cannot follow the Nodes"), 1);
+    assert_eq!(wait.logged("following the Nodes again"), 1);
+    assert!(wait.logged("410 Gone") <= 1);
 
     // remove= with a timeout: exit 1, naming the laggards as status does.
     let mut wait = Waiting::start(

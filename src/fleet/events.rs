@@ -331,7 +331,14 @@ mod tests {
         );
         // Only added; a reorder.
         let both = file("/etc/kubernetes/kubelet-ca.crt", vec![a.clone(), b.clone()]);
-        assert!(!between(&before, &both)[0].note.contains("removed"));
+        assert_eq!(
+            between(&before, &both)[0].note,
+            format!(
+                "/etc/kubernetes/kubelet-ca.crt now holds 2 certificate(s); added signer-b (sha256:{})",
+                b.fingerprint().short()
+            ),
+            "an addition alone is no reorder"
+        );
         let swapped = file("/etc/kubernetes/kubelet-ca.crt", vec![b.clone(), a.clone()]);
         assert!(between(&both, &swapped)[0].note.ends_with("; reordered"));
         // Nothing changed, nothing at start, nothing for a file that is gone or new.
@@ -450,7 +457,11 @@ mod tests {
         // The same one again is not said until ten minutes later.
         let later = now + Duration::from_secs(120);
         assert!(!t.admit(&notice(0), later));
-        assert!(t.admit(&notice(0), now + DEDUP + Duration::from_secs(1)));
+        assert!(!t.admit(&notice(0), now + DEDUP - Duration::from_millis(1)));
+        assert!(
+            t.admit(&notice(0), now + DEDUP),
+            "ten minutes on, it is said again"
+        );
         // The bucket never holds more than the burst.
         let mut t = Throttle::new(now);
         let much_later = now + Duration::from_secs(3600);
@@ -462,5 +473,71 @@ mod tests {
         let long = format!("{}\nsecond", "x".repeat(2000));
         assert_eq!(cut(&long).chars().count(), MAX_NOTE + 1);
         assert_eq!(cut("a\u{1b}[31m"), crate::text::escape("a\u{1b}[31m"));
+    }
+
+    #[test]
+    fn an_event_is_about_the_node_as_the_kubelets_own_are() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-27T12:00:00Z".parse().unwrap();
+        let notice = Notice {
+            warning: true,
+            reason: "CARemovalHeld",
+            action: "Verify",
+            note: "/var/lib/kubelet/kubeconfig: 1 CA(s) that its sources dropped are kept".into(),
+        };
+        let regarding = Regarding {
+            name: "worker-1".into(),
+            uid: Some("0b6c5a3e-uid".into()),
+        };
+        let e = event(&notice, &regarding, now);
+        assert_eq!(
+            e.metadata.name,
+            Some(format!("worker-1.{:x}", now.as_nanosecond()))
+        );
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        let about = &e.involved_object;
+        assert_eq!(
+            (
+                about.api_version.as_deref(),
+                about.kind.as_deref(),
+                about.name.as_deref(),
+                about.uid.as_deref()
+            ),
+            (
+                Some("v1"),
+                Some("Node"),
+                Some("worker-1"),
+                Some("0b6c5a3e-uid")
+            )
+        );
+        assert_eq!(e.reason.as_deref(), Some("CARemovalHeld"));
+        assert_eq!(e.action.as_deref(), Some("Verify"));
+        assert_eq!(e.message.as_deref(), Some(notice.note.as_str()));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        let source = e.source.as_ref().unwrap();
+        assert_eq!(
+            (source.component.as_deref(), source.host.as_deref()),
+            (Some("kubelet-ca-agent"), Some("worker-1"))
+        );
+        assert_eq!(e.reporting_component.as_deref(), Some("kubelet-ca-agent"));
+        assert_eq!(e.reporting_instance.as_deref(), Some("worker-1"));
+        assert_eq!(e.first_timestamp, Some(Time(now)));
+        assert_eq!(e.last_timestamp, Some(Time(now)));
+        assert_eq!(e.count, Some(1));
+        // A Normal one, about a Node whose uid is not known: the name stands for it, as
+        // in the kubelet's own Events.
+        let normal = Notice {
+            warning: false,
+            ..notice
+        };
+        let e = event(
+            &normal,
+            &Regarding {
+                uid: None,
+                ..regarding
+            },
+            now,
+        );
+        assert_eq!(e.type_.as_deref(), Some("Normal"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("worker-1"));
     }
 }

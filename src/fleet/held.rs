@@ -386,6 +386,19 @@ mod tests {
         assert_eq!(back.targets[1].kind, Kind::Kubeconfig);
         assert_eq!(back.targets[1].held_back, vec![Sha(sha('c'))]);
         assert_eq!(back.targets[1].restart, Some(Restart::Pending));
+        // A --manage file (no removal to hold) is a file.
+        status.others.push(Status {
+            bundle_path: "/etc/containerd/certs.d/ca.crt".into(),
+            file_valid: true,
+            in_sync: Some(true),
+            ..Status::default()
+        });
+        let kinds: Vec<Kind> = Held::of(&status, "t".into())
+            .targets
+            .iter()
+            .map(|t| t.kind)
+            .collect();
+        assert_eq!(kinds, [Kind::Bundle, Kind::Kubeconfig, Kind::File]);
         // Nothing but what the schema says: no PEM, no key.
         assert!(!json.contains("BEGIN"), "{json}");
     }
@@ -436,6 +449,11 @@ mod tests {
         let huge = format!("{{\"v\":1,\"pad\":\"{}\"}}", "x".repeat(MAX_BYTES));
         let why = Held::parse(&huge).unwrap_err().0;
         assert!(why.contains("over the 16384 allowed"), "{why}");
+        // ...and one of exactly the bound is read.
+        let pad = MAX_BYTES - ok.len() - r#""pad":"","#.len();
+        let at_bound = ok.replacen('{', &format!(r#"{{"pad":"{}","#, "x".repeat(pad)), 1);
+        assert_eq!(at_bound.len(), MAX_BYTES);
+        assert!(Held::parse(&at_bound).is_ok());
         // Unknown fields are ignored: a later agent may say more.
         let more = ok.replacen("{\"v\":1,", "{\"v\":1,\"extra\":{\"a\":[1]},", 1);
         assert!(Held::parse(&more).is_ok(), "{more}");
@@ -446,6 +464,11 @@ mod tests {
             vec![target; MAX_TARGETS + 1].join(",")
         );
         assert!(Held::parse(&many).unwrap_err().0.contains("targets, over"));
+        let most = format!(
+            r#"{{"v":1,"agent":"x","changed":"t","targets":[{}]}}"#,
+            vec![target; MAX_TARGETS].join(",")
+        );
+        assert_eq!(Held::parse(&most).unwrap().targets.len(), MAX_TARGETS);
         // Text from the node is escaped in the reason.
         let why = Held::parse(r#"{"v":"\u001b[31m"}"#).unwrap_err().0;
         assert!(!why.contains('\u{1b}'), "{why:?}");
@@ -455,7 +478,7 @@ mod tests {
     fn a_report_over_the_bound_leaves_out_the_largest_lists_and_says_so() {
         let mut status = bundle_status();
         let one = status.certificates[0].clone();
-        status.certificates = vec![one; 400];
+        status.certificates = vec![one.clone(); 400];
         let held = Held::of(&status, "t".into());
         let json = held.to_json();
         assert!(json.len() <= MAX_BYTES, "{}", json.len());
@@ -474,6 +497,41 @@ mod tests {
         // A report within the bound is written whole.
         let small = Held::of(&bundle_status(), "t".into());
         assert_eq!(Held::parse(&small.to_json()).unwrap(), small);
+        // Only the largest lists go: a kubeconfig holding one CA and keeping two that its
+        // sources dropped keeps both lists when leaving out the bundle's is enough.
+        status.others.push(Status {
+            bundle_path: "/var/lib/kubelet/kubeconfig".into(),
+            certificates: vec![one.clone()],
+            file_valid: true,
+            in_sync: Some(true),
+            removal_held: Some(true),
+            held_back: vec![sha('c'), sha('d')],
+            ..Status::default()
+        });
+        let back = Held::parse(&Held::of(&status, "t".into()).to_json()).unwrap();
+        assert!(back.targets[0].certs.is_empty());
+        let kubeconfig = &back.targets[1];
+        assert_eq!((kubeconfig.certs.len(), kubeconfig.held_back.len()), (1, 2));
+        assert!(kubeconfig.in_sync);
+        // With no list left to cut (a hundred targets, each with a long reason), the
+        // targets that fit are kept, in order.
+        let mut status = bundle_status();
+        status.certificates.clear();
+        for i in 0..100 {
+            status.others.push(Status {
+                bundle_path: format!("/etc/pki/managed-{i:03}.crt"),
+                file_valid: true,
+                in_sync: Some(false),
+                sync_problem: Some("y".repeat(500)),
+                ..Status::default()
+            });
+        }
+        let json = Held::of(&status, "t".into()).to_json();
+        assert!(json.len() <= MAX_BYTES, "{}", json.len());
+        let back = Held::parse(&json).unwrap();
+        assert!(back.targets.len() > 1, "{} kept", back.targets.len());
+        assert_eq!(back.targets[0].path, "/etc/kubernetes/kubelet-ca.crt");
+        assert_eq!(back.targets[1].path, "/etc/pki/managed-000.crt");
     }
 
     #[test]
@@ -495,6 +553,13 @@ mod tests {
         status.file_problem = Some("missing".into());
         let held = Held::of(&status, "t".into());
         assert_eq!(held.targets[0].why.as_deref(), Some("missing"));
+        // Known to differ from its sources, with no reason given: said so, whatever else.
+        status.in_sync = Some(false);
+        let held = Held::of(&status, "t".into());
+        assert_eq!(
+            held.targets[0].why.as_deref(),
+            Some("the file differs from the sources")
+        );
         status.in_sync = Some(true);
         let held = Held::of(&status, "t".into());
         assert!(held.targets[0].in_sync);

@@ -530,6 +530,8 @@ mod tests {
         assert_eq!(p.next(now, false), Action::Idle, "no credentials or name");
         assert_eq!(p.next(now, true), Action::Read);
         p.outcome(Outcome::Read(None), now, MIN);
+        // The same status again before the write: the report keeps the time it changed.
+        p.observe(held(&s, "t1, again"), true);
         let Action::Write(json) = p.next(now, true) else {
             panic!("a write")
         };
@@ -717,6 +719,52 @@ mod tests {
         assert!(why.contains("the credentials are admin"), "{why}");
         current.held = vec![cert("system:node:")].into();
         assert!(node_name(None, &current).is_err());
+    }
+
+    #[test]
+    fn a_failed_request_is_labelled_by_what_answered_and_a_refusal_names_the_node() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("said the server", "Reason")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let label = |error: &kube::Error| match failed(error, "https://h:6443", "worker-1") {
+            Outcome::Failed {
+                failure, reason, ..
+            } => (reason, failure),
+            other => panic!("{other:?}"),
+        };
+        assert!(matches!(
+            failed(&api(404), "https://h:6443", "worker-1"),
+            Outcome::NoNode
+        ));
+        assert_eq!(label(&api(401)).0, "unauthorized");
+        assert_eq!(label(&api(403)).0, "forbidden");
+        assert_eq!(label(&api(429)).0, "too_many_requests");
+        assert_eq!(label(&api(500)).0, "server_error");
+        assert_eq!(label(&api(503)).0, "server_error");
+        assert_eq!(label(&api(409)).0, "api_error");
+        let refused = kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "os",
+        )));
+        assert_eq!(label(&refused), ("unreachable", Failure::Unreachable));
+        // Only a refusal asks whether the name and the credentials are this node's.
+        let Outcome::Failed { message, .. } = failed(&api(403), "https://h:6443", "worker-1")
+        else {
+            panic!("a failure")
+        };
+        assert!(
+            message.contains("a node may write only its own Node: is worker-1 this node's name"),
+            "{message}"
+        );
+        let Outcome::Failed { message, .. } = failed(&api(500), "https://h:6443", "worker-1")
+        else {
+            panic!("a failure")
+        };
+        assert!(!message.contains("its own Node"), "{message}");
     }
 
     #[test]
