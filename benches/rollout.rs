@@ -66,7 +66,7 @@ fn log_time(line: &str) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339).ok()
 }
 
-fn binary() -> &'static str {
+fn agent_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kubelet-ca-agent")
 }
 
@@ -318,7 +318,7 @@ impl Curl {
 
 /// `rollout` with the admin's credentials, over the published ConfigMap.
 fn rollout(cluster: &Cluster, args: &[&str]) -> Command {
-    let mut cmd = Command::new(binary());
+    let mut cmd = Command::new(agent_bin());
     cmd.arg("rollout")
         .args(args)
         .arg("--source")
@@ -424,7 +424,7 @@ fn main() {
     cluster.namespace(PUBLISHED_NS);
     grant_nodes_the_bundles(&cluster);
     let work = tempfile::tempdir().unwrap();
-    let mut publisher = Command::new(binary())
+    let mut publisher = Command::new(agent_bin())
         .args(["publish", "--to", &format!("{PUBLISHED_NS}/{PUBLISHED}")])
         .args(["--source", &format!("configmap:{SIGNERS_NS}/{SIGNERS}")])
         .arg("--kubeconfig")

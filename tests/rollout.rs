@@ -9,12 +9,12 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::pki::{Algorithm, Signer};
-use common::real_cluster::Cluster;
+use common::real_cluster::{Cluster, rollout};
 use common::{agent_bin, sha256_hex, stderr, stdout};
 use serde_json::{Value, json};
 
@@ -29,17 +29,6 @@ fn held(certs: &[&str]) -> String {
         "targets": [{"path": BUNDLE, "kind": "bundle", "certs": certs, "inSync": true}],
     })
     .to_string()
-}
-
-fn rollout(kubeconfig: &Path, args: &[&str]) -> Output {
-    Command::new(agent_bin())
-        .arg("rollout")
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run the agent")
 }
 
 /// Two signers published in the ConfigMap the nodes read, and their fingerprints.

@@ -27,31 +27,18 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use common::daemon::{Agent, check_line, eventually};
 use common::pki::{Algorithm, Signer};
-use common::real_cluster::Cluster;
+use common::real_cluster::{Cluster, rollout};
 use common::{Node, agent_bin, openssl_verifies, sha256_hex, stderr, stdout};
 use serde_json::{Value, json};
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// `kubelet-ca-agent rollout ARGS --kubeconfig KUBECONFIG`, as an operator runs it.
-fn rollout(kubeconfig: &Path, args: &[&str]) -> Output {
-    Command::new(agent_bin())
-        .arg("rollout")
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env_remove("KUBECONFIG")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run rollout")
-}
 
 /// `rollout wait` running in the background: its output as it comes, and its exit.
 struct Waiting {

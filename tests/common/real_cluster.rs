@@ -398,6 +398,19 @@ impl Drop for Cluster {
     }
 }
 
+/// `kubelet-ca-agent rollout ARGS --kubeconfig KUBECONFIG`, as an operator runs it.
+pub fn rollout(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(super::agent_bin())
+        .arg("rollout")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the agent")
+}
+
 /// The resourceVersion of an object as the API server answered it.
 pub fn resource_version(object: &Value) -> u64 {
     object["metadata"]["resourceVersion"]
