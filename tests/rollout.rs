@@ -347,9 +347,28 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
         "the count moves when n3 leaves"
     );
     assert_eq!(wait.exit(5 * second), Some(0));
-    // The restart is told in the log once, not on every retry or event.
-    assert_eq!(wait.logged("cannot follow the Nodes"), 1);
-    assert_eq!(wait.logged("following the Nodes again"), 1);
+    // The restart is told in the log, not on every retry or event: "cannot follow" comes
+    // once a spell, and the next only after "following the Nodes again". An API server that
+    // has just started may still cut the first watch it accepts (seen under load: "connection
+    // closed before message completed", a second spell told as one), and the command may
+    // exit on the list that ends it before it logs that it follows again.
+    let log = std::fs::read_to_string(wait.log.path()).unwrap();
+    let told: Vec<&str> = log
+        .lines()
+        .filter_map(|l| {
+            if l.contains("cannot follow the Nodes") {
+                Some("down")
+            } else if l.contains("following the Nodes again") {
+                Some("up")
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert!(
+        told.first() == Some(&"down") && told.windows(2).all(|w| w[0] != w[1]),
+        "{log}"
+    );
     assert!(wait.logged("410 Gone") <= 1);
 
     // remove= with a timeout: exit 1, naming the laggards as status does.
