@@ -7,14 +7,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::pki::{Algorithm, Signer};
-use common::real_cluster::{Cluster, rollout};
+use common::real_cluster::{Cluster, RolloutWait, rollout};
 use common::{agent_bin, sha256_hex, stderr, stdout};
 use serde_json::{Value, json};
 
@@ -251,67 +249,6 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
     }
 }
 
-/// `rollout wait` running in the background: its lines as they come, and its exit.
-struct Waiting {
-    lines: mpsc::Receiver<String>,
-    child: std::process::Child,
-    /// Its log (stderr).
-    log: tempfile::NamedTempFile,
-}
-
-impl Waiting {
-    fn start(kubeconfig: &Path, args: &[&str]) -> Waiting {
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(agent_bin())
-            .args(["rollout", "wait"])
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env_remove("KUBECONFIG")
-            .stdout(Stdio::piped())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .expect("start rollout wait");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Waiting { lines, child, log }
-    }
-
-    /// How many lines of its log say `what`.
-    fn logged(&self, what: &str) -> usize {
-        std::fs::read_to_string(self.log.path())
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains(what))
-            .count()
-    }
-
-    /// The next line, within `limit`.
-    fn line(&self, limit: Duration) -> String {
-        self.lines
-            .recv_timeout(limit)
-            .expect("a line from rollout wait")
-    }
-
-    /// Its exit code, once it has exited within `limit`.
-    fn exit(&mut self, limit: Duration) -> Option<i32> {
-        let until = Instant::now() + limit;
-        while Instant::now() < until {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        panic!("rollout wait did not exit within {limit:?}");
-    }
-}
-
 #[test]
 fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_restart() {
     let Some(cluster) = Cluster::up() else {
@@ -329,7 +266,7 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
         .chunks(2)
         .map(|p| String::from_utf8_lossy(p).to_uppercase())
         .collect();
-    let mut wait = Waiting::start(&admin, &["--for", &format!("add={}", colons.join(":"))]);
+    let mut wait = RolloutWait::start(&admin, &["--for", &format!("add={}", colons.join(":"))]);
     let name = format!("kube-csr-signer_@1700000002 (sha256:{}...)", &fb[..12]);
     let second = Duration::from_secs(1);
     assert_eq!(wait.line(20 * second), format!("0 of 3 nodes hold {name}"));
@@ -346,13 +283,13 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
             .starts_with(&format!("2 of 2 nodes hold {name}")),
         "the count moves when n3 leaves"
     );
-    assert_eq!(wait.exit(5 * second), Some(0));
+    assert_eq!(wait.exit(5 * second).0, Some(0));
     // The restart is told in the log, not on every retry or event: "cannot follow" comes
     // once a spell, and the next only after "following the Nodes again". An API server that
     // has just started may still cut the first watch it accepts (seen under load: "connection
     // closed before message completed", a second spell told as one), and the command may
     // exit on the list that ends it before it logs that it follows again.
-    let log = std::fs::read_to_string(wait.log.path()).unwrap();
+    let log = wait.log();
     let told: Vec<&str> = log
         .lines()
         .filter_map(|l| {
@@ -372,7 +309,7 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
     assert!(wait.logged("410 Gone") <= 1);
 
     // remove= with a timeout: exit 1, naming the laggards as status does.
-    let mut wait = Waiting::start(
+    let mut wait = RolloutWait::start(
         &admin,
         &[
             "--for",
@@ -381,9 +318,9 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
             "3s",
         ],
     );
-    assert_eq!(wait.exit(30 * second), Some(1));
-    let lines: Vec<String> = wait.lines.try_iter().collect();
-    let text = lines.join("\n");
+    let (code, text) = wait.exit(30 * second);
+    assert_eq!(code, Some(1), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
     assert!(
         text.contains("timed out after 3s: 0 of 2 nodes no longer hold"),
         "{text}"
@@ -399,11 +336,11 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
     // The moment n1 and n2 drop it, a wait for the removal exits 0.
     cluster.set_held("n1", Some(&held(&[&fa])));
     cluster.set_held("n2", Some(&held(&[&fa])));
-    let mut wait = Waiting::start(
+    let mut wait = RolloutWait::start(
         &admin,
         &["--for", &format!("remove={fb}"), "--timeout", "30s"],
     );
-    assert_eq!(wait.exit(20 * second), Some(0));
+    assert_eq!(wait.exit(20 * second).0, Some(0));
     // A usage error: exit 2.
     let out = rollout(&admin, &["wait", "--for", "add=nope"]);
     assert_eq!(out.status.code(), Some(2));

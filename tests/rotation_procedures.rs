@@ -24,93 +24,19 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use common::daemon::{Agent, check_line, eventually};
 use common::pki::{Algorithm, Signer};
-use common::real_cluster::{Cluster, rollout};
+use common::real_cluster::{Cluster, RolloutWait, rollout, rollout_wait as wait};
 use common::{Node, agent_bin, openssl_verifies, sha256_hex, stderr, stdout};
 use serde_json::{Value, json};
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// `rollout wait` running in the background: its output as it comes, and its exit.
-struct Waiting {
-    lines: mpsc::Receiver<String>,
-    child: std::process::Child,
-}
-
-impl Waiting {
-    fn start(kubeconfig: &Path, args: &[&str]) -> Waiting {
-        let mut child = Command::new(agent_bin())
-            .args(["rollout", "wait"])
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env_remove("KUBECONFIG")
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start rollout wait");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Waiting { lines, child }
-    }
-
-    /// Still waiting?
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    /// Its exit code and everything it printed, once it has exited within `limit`.
-    fn exit(&mut self, limit: Duration) -> (Option<i32>, String) {
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                // The reader thread ends with the pipe: take every line.
-                let mut text = Vec::new();
-                while let Ok(line) = self.lines.recv_timeout(SECOND) {
-                    text.push(line);
-                }
-                return (status.code(), text.join("\n"));
-            }
-            if Instant::now() >= until {
-                let _ = self.child.kill();
-                let text: Vec<String> = self.lines.try_iter().collect();
-                panic!(
-                    "rollout wait did not exit within {limit:?}:\n{}",
-                    text.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A `rollout wait` run to its end: its exit code and output.
-fn wait<S: AsRef<str>>(kubeconfig: &Path, args: &[S], limit: Duration) -> (Option<i32>, String) {
-    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-    Waiting::start(kubeconfig, &args).exit(limit)
-}
 
 /// `kubectl -n NS create role ROLE --verb=get,list,watch --resource=configmaps
 /// --resource-name=NAME` (when `name` is given) and `kubectl -n NS create rolebinding
@@ -339,7 +265,7 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
 
     // The wait as the docs give it: it holds while worker-3 lags, and exits 0 the moment
     // worker-3's agent is back and has written its bundle and its report.
-    let mut gate = Waiting::start(
+    let mut gate = RolloutWait::start(
         &admin,
         &[
             "--for",

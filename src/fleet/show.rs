@@ -162,39 +162,8 @@ pub fn json(question: &Question, verdict: &Verdict) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::held::{Held, Kind, Sha, TargetHeld};
+    use crate::fleet::verdict::testing::{bundle, ca, sha};
     use crate::fleet::verdict::{Node, Ready, Report, verdict};
-
-    fn sha(c: char) -> Sha {
-        Sha::parse(&std::iter::repeat_n(c, 64).collect::<String>()).unwrap()
-    }
-
-    fn ca(c: char, cn: &str) -> Ca {
-        Ca {
-            sha256: sha(c),
-            subject_cn: Some(cn.into()),
-            serial_number: Some("17".into()),
-        }
-    }
-
-    fn bundle(certs: &[char]) -> Report {
-        Report::Read(Ok(Held {
-            v: 1,
-            agent: "t".into(),
-            changed: "2026-11-27T15:00:00Z".into(),
-            targets: vec![TargetHeld {
-                path: "/b".into(),
-                kind: Kind::Bundle,
-                sha256: None,
-                certs: certs.iter().map(|c| sha(*c)).collect(),
-                count: None,
-                in_sync: true,
-                why: None,
-                held_back: vec![],
-                restart: None,
-            }],
-        }))
-    }
 
     fn question(condition: Condition) -> Question {
         Question {

@@ -503,15 +503,16 @@ fn against(
     }
 }
 
+/// Fingerprints, CAs and reports for the unit tests of the verdict and of what shows it.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
 
-    fn sha(c: char) -> Sha {
+    pub fn sha(c: char) -> Sha {
         Sha::parse(&std::iter::repeat_n(c, 64).collect::<String>()).unwrap()
     }
 
-    fn ca(c: char, cn: &str) -> Ca {
+    pub fn ca(c: char, cn: &str) -> Ca {
         Ca {
             sha256: sha(c),
             subject_cn: Some(cn.to_string()),
@@ -519,7 +520,7 @@ mod tests {
         }
     }
 
-    fn entry(path: &str, kind: Kind, certs: &[char]) -> TargetHeld {
+    pub fn entry(path: &str, kind: Kind, certs: &[char]) -> TargetHeld {
         TargetHeld {
             path: path.to_string(),
             kind,
@@ -533,7 +534,7 @@ mod tests {
         }
     }
 
-    fn report(targets: Vec<TargetHeld>) -> Report {
+    pub fn report(targets: Vec<TargetHeld>) -> Report {
         let held = Held {
             v: 1,
             agent: "test".into(),
@@ -544,13 +545,19 @@ mod tests {
         Report::read(Some(&held.to_json()))
     }
 
-    fn bundle(certs: &[char]) -> Report {
+    pub fn bundle(certs: &[char]) -> Report {
         report(vec![entry(
             "/etc/kubernetes/kubelet-ca.crt",
             Kind::Bundle,
             certs,
         )])
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
 
     fn node<'a>(name: &'a str, report: &'a Report) -> Node<'a> {
         Node {

@@ -8,8 +8,11 @@
 //! the cluster's admin certificate, so that a test needs no kubectl.
 
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -409,6 +412,104 @@ pub fn rollout(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
         .env_remove("RUST_LOG")
         .output()
         .expect("run the agent")
+}
+
+/// `rollout wait ARGS --kubeconfig KUBECONFIG` running in the background, as an operator's
+/// script runs it: its lines as they come, its log (stderr), and its exit.
+pub struct RolloutWait {
+    lines: mpsc::Receiver<String>,
+    child: Child,
+    log: tempfile::NamedTempFile,
+}
+
+impl RolloutWait {
+    pub fn start(kubeconfig: &Path, args: &[&str]) -> RolloutWait {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new(super::agent_bin())
+            .args(["rollout", "wait"])
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("start rollout wait");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        RolloutWait { lines, child, log }
+    }
+
+    /// The next line it prints, within `limit`.
+    pub fn line(&self, limit: Duration) -> String {
+        self.lines
+            .recv_timeout(limit)
+            .expect("a line from rollout wait")
+    }
+
+    /// Still waiting?
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log.path()).unwrap()
+    }
+
+    /// How many lines of its log say `what`.
+    pub fn logged(&self, what: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(what)).count()
+    }
+
+    /// Its exit code and the lines it printed that were not taken yet, once it has exited
+    /// within `limit`; past `limit` it is killed and the test fails with its output and log.
+    pub fn exit(&mut self, limit: Duration) -> (Option<i32>, String) {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The reader thread ends with the pipe: take every line.
+                let mut text = Vec::new();
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(1)) {
+                    text.push(line);
+                }
+                return (status.code(), text.join("\n"));
+            }
+            if Instant::now() >= until {
+                let _ = self.child.kill();
+                let text: Vec<String> = self.lines.try_iter().collect();
+                panic!(
+                    "rollout wait did not exit within {limit:?}:\n{}\n{}",
+                    text.join("\n"),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RolloutWait {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `rollout wait` run to its end within `limit`: its exit code and output.
+pub fn rollout_wait<S: AsRef<str>>(
+    kubeconfig: &Path,
+    args: &[S],
+    limit: Duration,
+) -> (Option<i32>, String) {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+    RolloutWait::start(kubeconfig, &args).exit(limit)
 }
 
 /// The resourceVersion of an object as the API server answered it.
