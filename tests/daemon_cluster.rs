@@ -324,6 +324,59 @@ fn sync_reads_a_configmap_with_one_list_and_no_watch() {
     );
 }
 
+/// `sync` with no --source where OpenShift's ConfigMap is not (SPEC 3): its error names the
+/// kubeadm-style source when this cluster has it, says what to try when the agent cannot
+/// tell, and adds nothing when that one is not there either.
+#[test]
+fn sync_on_the_default_source_names_the_kubeadm_one_only_where_it_helps() {
+    let api = ApiServer::start();
+    let node = Node::new();
+    let kubeconfig = api.kubeconfig();
+    let sync = || {
+        let out = node.sync(&[], &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        stderr(&out)
+    };
+    // Neither ConfigMap: the default source's own error, and no hint that would not help.
+    let err = sync();
+    assert!(
+        err.contains(SPEC) && err.contains("does not exist"),
+        "{err}"
+    );
+    assert!(!err.contains("--source"), "{err}");
+    // This cluster has the kubeadm-style one: named, as the one to use.
+    let pem = pki::bundle_of(1, "kubeadm");
+    api.put_configmap(
+        "kube-system",
+        "extension-apiserver-authentication",
+        &[("client-ca-file", &pem)],
+        &[],
+    );
+    let err = sync();
+    assert!(
+        err.contains(
+            "this cluster has the kubeadm-style one: use --source configmap:kube-system/extension-apiserver-authentication/client-ca-file"
+        ),
+        "{err}"
+    );
+    // Both forbidden: the agent cannot tell, and says what to try and what to grant.
+    api.restrict_to(vec![Rule::new(
+        &["get"],
+        "",
+        "configmaps",
+        Some("elsewhere"),
+        &[],
+    )]);
+    let err = sync();
+    assert!(err.contains("forbidden"), "{err}");
+    assert!(
+        err.contains("is OpenShift's default: on a kubeadm cluster use --source configmap:kube-system/extension-apiserver-authentication/client-ca-file")
+            && err.contains("let this identity get, list and watch it"),
+        "{err}"
+    );
+    assert!(!node.bundle().exists(), "nothing is written");
+}
+
 #[test]
 fn a_forbidden_list_at_start_reports_the_source_down_then_recovers() {
     let api = ApiServer::start();
