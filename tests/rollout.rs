@@ -249,6 +249,50 @@ fn rollout_status_names_every_node_that_is_not_current_and_exits_as_documented()
     }
 }
 
+/// More Nodes than a page (the lists ask for 500 at a time): every one is counted, its
+/// report and its readiness read, through the continue tokens of both the list of the Nodes
+/// and the table of their readiness.
+#[test]
+fn rollout_counts_and_names_every_node_past_one_page() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    let both = held(&[&fa, &fb]);
+    let mut nodes: Vec<(String, Option<String>)> = (0..501)
+        .map(|i| (format!("node-{i:04}"), Some(both.clone())))
+        .collect();
+    nodes[500].1 = Some(held(&[&fa]));
+    cluster.create_nodes(&nodes);
+    cluster.set_ready("node-0000", "True");
+    cluster.set_ready("node-0500", "False");
+    let admin = cluster.admin_kubeconfig();
+
+    let out = rollout(&admin, &["status", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        (json["counted"].as_u64(), json["current"].as_u64()),
+        (Some(501), Some(500))
+    );
+    let listed = json["nodes"].as_array().unwrap();
+    let node = |name: &str| listed.iter().find(|n| n["name"] == name).unwrap().clone();
+    assert_eq!(node("node-0500")["state"], "behind");
+    assert_eq!(node("node-0500")["ready"], "false");
+    assert_eq!(node("node-0000")["ready"], "true");
+
+    // wait, from its watch's first list: the count, then the exit once the last one holds it.
+    let mut wait = RolloutWait::start(&admin, &["--for", &format!("add={fb}")]);
+    let second = Duration::from_secs(1);
+    assert!(
+        wait.line(30 * second).starts_with("500 of 501 nodes hold"),
+        "{}",
+        wait.log()
+    );
+    cluster.set_held("node-0500", Some(&both));
+    assert_eq!(wait.exit(20 * second).0, Some(0));
+}
+
 #[test]
 fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_restart() {
     let Some(cluster) = Cluster::up() else {
