@@ -743,6 +743,36 @@ fn exclusions_in_each_format() {
         "{}",
         stdout(&out)
     );
+    // The same set in the other formats: the three globs, in plain and in JSON.
+    let set = |format: &str| {
+        let out = Command::new(agent_bin())
+            .args(["drift", "exclusions", "--format", format, "--state-dir"])
+            .arg(node.root().join("no-state"))
+            .args([
+                "--manage-registries",
+                "/etc/docker/certs.d=dir:/etc/registries",
+            ])
+            .env_remove("KUBELET_CA_AGENT_BUNDLE")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let globs = [
+        "/etc/docker/certs.d/*",
+        "/etc/docker/certs.d/*/ca.crt",
+        "/etc/docker/certs.d/*/.ca.crt.kubelet-ca-agent-tmp.*",
+    ];
+    assert!(
+        set("plain").ends_with(&format!("{}\n", globs.join("\n"))),
+        "{}",
+        set("plain")
+    );
+    let json: Value = serde_json::from_str(&set("json")).unwrap();
+    assert_eq!(
+        json["registry_sets"],
+        json!([{"directory": "/etc/docker/certs.d", "paths": globs}])
+    );
     // A record that cannot be trusted is an error, never a guess.
     fs::write(&record, "{ not json").unwrap();
     let out = drift(&node, &["exclusions"]);
