@@ -1,6 +1,8 @@
 //! The kube-rs client the agent talks to the API server with: kube-rs's own stack, with no
-//! hidden retries (set in [`super::load`]), and one layer that keeps what a load-shedding
-//! server asks for.
+//! hidden retries (set in [`super::load`]), one layer that keeps what a load-shedding
+//! server asks for, and one that sends a read again on a new connection when the one it
+//! went out on was closed before any answer (as Go's transport, and so every client-go
+//! client, does).
 //!
 //! kube-apiserver sheds load (its max-in-flight and priority-and-fairness filters) with a
 //! 429 whose `Retry-After` header says when to come back, and a plain-text body. kube-rs
@@ -25,10 +27,98 @@ use tower::BoxError;
 /// few hundred bytes; anything longer is cut (kube-rs shows it as text anyway).
 const ERROR_BODY_MAX: usize = 64 * 1024;
 
-/// A client for `config`, whose error answers carry their `Retry-After`.
+/// A client for `config`, whose error answers carry their `Retry-After`, and whose reads
+/// are sent once more when their connection closed before any answer.
 pub fn client(config: kube::Config) -> kube::Result<kube::Client> {
-    let layer = tower::layer::layer_fn(CarryRetryAfter);
-    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
+    let carry = tower::layer::layer_fn(CarryRetryAfter);
+    // Beneath the buffer, the stack can be cloned to send a request again.
+    let again = tower::layer::layer_fn(|stack| {
+        SendAgainIfClosed(tower::buffer::Buffer::new(stack, STACK_BUFFER))
+    });
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&carry)
+        .with_layer(&again)
+        .build())
+}
+
+/// How many requests may wait for the stack beneath [`SendAgainIfClosed`] (kube-rs's own
+/// buffer in front of it holds as many).
+const STACK_BUFFER: usize = 1024;
+
+/// The service of the second layer. A connection taken from the pool may have been closed
+/// by the server as the request went out on it (an idle timeout, or an API server that has
+/// just started closing the first connections it served): the request then fails with no
+/// answer at all, and nothing of it was seen. A read (a GET: a list, a get, a watch) is sent
+/// once more at once, on a new connection, as Go's transport does for a reused connection
+/// (`shouldRetryRequest`), so that such a close is not taken for the server being down.
+/// Writes are never sent again, and a second close is the caller's failure.
+#[derive(Clone)]
+struct SendAgainIfClosed<S>(S);
+
+impl<S> tower::Service<Request<Body>> for SendAgainIfClosed<S>
+where
+    S: tower::Service<Request<Body>, Response = Response<Box<DynBody>>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Box<DynBody>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let again = copy_of_read(&request).map(|copy| (self.0.clone(), copy));
+        let answer = self.0.call(request);
+        Box::pin(async move {
+            match (answer.await, again) {
+                (Err(error), Some((mut inner, copy))) if closed_before_answer(&*error) => {
+                    tracing::debug!(
+                        uri = %copy.uri(),
+                        "the connection closed before any answer: sending the read again"
+                    );
+                    use tower::ServiceExt;
+                    inner.ready().await?.call(copy).await
+                }
+                (answer, _) => answer,
+            }
+        })
+    }
+}
+
+/// A copy of `request` to send again, when it is a read (a GET, whose body is empty); `None`
+/// for anything else.
+fn copy_of_read(request: &Request<Body>) -> Option<Request<Body>> {
+    if request.method() != http::Method::GET {
+        return None;
+    }
+    let mut copy = Request::builder()
+        .method(http::Method::GET)
+        .uri(request.uri().clone())
+        .version(request.version())
+        .body(Body::empty())
+        .ok()?;
+    *copy.headers_mut() = request.headers().clone();
+    Some(copy)
+}
+
+/// Whether `error` is a connection closed before any answer to the request came (hyper's
+/// "connection closed before message completed"), found anywhere in its chain of causes.
+fn closed_before_answer(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The service of the layer: kube-rs's stack, each answer through [`carry_retry_after`].
@@ -270,5 +360,148 @@ mod tests {
             let bytes = answer.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(&bytes[..], b"as it came", "{code} {header:?}");
         }
+    }
+
+    /// A plain-HTTP server on loopback that takes connections in turn and, on the n-th,
+    /// answers the first `answered[n]` requests (a ConfigMap) and closes the connection when
+    /// the next one has been read, without a word. What it read: each request's first line,
+    /// with the number of its connection.
+    async fn closing_server(answered: Vec<usize>) -> (String, Seen) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Seen::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            for (n, answers) in answered.into_iter().enumerate() {
+                let (socket, _) = listener.accept().await.unwrap();
+                let mut socket = BufReader::new(socket);
+                for i in 0..=answers {
+                    let mut head = String::new();
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if socket.read_line(&mut line).await.unwrap() == 0 {
+                            return;
+                        }
+                        if let Some(value) =
+                            line.to_ascii_lowercase().strip_prefix("content-length:")
+                        {
+                            length = value.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if head.is_empty() {
+                            head = line.trim().to_string();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    socket.read_exact(&mut body).await.unwrap();
+                    log.0.lock().unwrap().push((n, head));
+                    if i == answers {
+                        break;
+                    }
+                    let json = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","namespace":"ns"}}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json}",
+                        json.len()
+                    );
+                    socket.get_mut().write_all(answer.as_bytes()).await.unwrap();
+                }
+                // Closed with the request read and no answer.
+            }
+        });
+        (url, seen)
+    }
+
+    /// What [`closing_server`] read: each request's first line, with the number of its
+    /// connection. Complete once the client has its answer: a request is noted before it is
+    /// answered or its connection closed.
+    #[derive(Clone, Default)]
+    struct Seen(std::sync::Arc<std::sync::Mutex<Vec<(usize, String)>>>);
+
+    impl Seen {
+        fn take(&self) -> Vec<(usize, String)> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    fn client_of(url: &str) -> kube::Client {
+        let mut config = kube::Config::new(url.parse().unwrap());
+        config.default_retry = false;
+        client(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_read_whose_connection_closed_before_any_answer_is_sent_again_on_a_new_one() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let (url, server) = closing_server(vec![1, 1]).await;
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
+        api.get("c").await.unwrap();
+        // Sent on the pooled connection, which the server closes: sent again, answered.
+        api.get("c").await.unwrap();
+        let seen = server.take();
+        let get = "GET /api/v1/namespaces/ns/configmaps/c HTTP/1.1";
+        assert_eq!(
+            seen,
+            vec![
+                (0, get.to_string()),
+                (0, get.to_string()),
+                (1, get.to_string())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_is_never_sent_again_and_a_read_only_once() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        // A write on a connection closed before any answer: the caller's failure.
+        let (url, server) = closing_server(vec![1]).await;
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
+        api.get("c").await.unwrap();
+        let patch = kube::api::Patch::Merge(serde_json::json!({"data": {"k": "v"}}));
+        let failed = api
+            .patch("c", &kube::api::PatchParams::default(), &patch)
+            .await;
+        assert!(failed.is_err());
+        let seen = server.take();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[1].1.starts_with("PATCH "), "{seen:?}");
+
+        // A read closed twice: sent once more, then the caller's failure, no loop.
+        let (url, server) = closing_server(vec![0, 0, 0]).await;
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
+        let failed = api.get("c").await.unwrap_err();
+        assert!(closed_before_answer(&failed), "{failed}");
+        let seen = server.take();
+        assert_eq!(
+            seen.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            vec![0, 1],
+            "{seen:?}"
+        );
+    }
+
+    #[test]
+    fn only_a_get_is_copied_with_its_headers_and_no_body() {
+        let get = Request::builder()
+            .method("GET")
+            .uri("/api/v1/nodes?watch=true")
+            .header("accept", "application/json")
+            .body(Body::empty())
+            .unwrap();
+        let copy = copy_of_read(&get).unwrap();
+        assert_eq!(copy.uri(), "/api/v1/nodes?watch=true");
+        assert_eq!(copy.headers()["accept"], "application/json");
+        for method in ["PATCH", "POST", "PUT", "DELETE"] {
+            let write = Request::builder()
+                .method(method)
+                .uri("/api/v1/nodes/n")
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap();
+            assert!(copy_of_read(&write).is_none(), "{method}");
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!closed_before_answer(&refused));
     }
 }
