@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use common::apiserver::{ApiServer, Fault, HangMode, Rule, Target};
-use common::daemon::{Agent, wait_until};
+use common::daemon::{Agent, eventually, wait_until};
 use common::pki::{self, Algorithm, Signer};
 use common::{Node, fingerprint_file, stderr};
 
@@ -375,6 +375,73 @@ fn sync_on_the_default_source_names_the_kubeadm_one_only_where_it_helps() {
         "{err}"
     );
     assert!(!node.bundle().exists(), "nothing is written");
+}
+
+/// `run` with no --source where OpenShift's ConfigMap is not (SPEC 3): its log names the
+/// kubeadm-style source when this cluster has it, says what to try when the agent cannot
+/// tell, and adds nothing when that one is not there either.
+#[test]
+fn run_on_the_default_source_names_the_kubeadm_one_only_where_it_helps() {
+    let log_of = |api: &ApiServer| {
+        let node = Node::new();
+        let kubeconfig = api.kubeconfig();
+        let agent = Agent::start(
+            &node,
+            &[],
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--no-node-report",
+            ],
+        );
+        assert!(
+            eventually(10 * SECOND, || agent.log().contains(SPEC)
+                && (agent.log().contains("not_found")
+                    || agent.log().contains("forbidden"))),
+            "{}",
+            agent.log()
+        );
+        // The kubeadm-style source is looked for once the default is told missing.
+        std::thread::sleep(2 * SECOND);
+        agent.log()
+    };
+    let hint =
+        "use --source configmap:kube-system/extension-apiserver-authentication/client-ca-file";
+    // Neither ConfigMap: no hint that would not help.
+    let api = ApiServer::start();
+    let log = log_of(&api);
+    assert!(!log.contains(hint), "{log}");
+    // This cluster has the kubeadm-style one: named, once, as the one to use.
+    api.put_configmap(
+        "kube-system",
+        "extension-apiserver-authentication",
+        &[("client-ca-file", &pki::bundle_of(1, "kubeadm"))],
+        &[],
+    );
+    let log = log_of(&api);
+    let said: Vec<&str> = log.lines().filter(|l| l.contains(hint)).collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains("WARN") && said[0].contains("this cluster has the kubeadm-style one"),
+        "{log}"
+    );
+    // Both forbidden: the agent cannot tell, and says what to try and what to grant.
+    api.restrict_to(vec![Rule::new(
+        &["get"],
+        "",
+        "configmaps",
+        Some("elsewhere"),
+        &[],
+    )]);
+    let log = log_of(&api);
+    assert!(
+        log.lines().any(
+            |l| l.contains("is OpenShift's default: on a kubeadm cluster")
+                && l.contains(hint)
+                && l.contains("let this identity get, list and watch it")
+        ),
+        "{log}"
+    );
 }
 
 #[test]

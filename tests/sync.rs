@@ -285,12 +285,24 @@ fn dry_run_reports_the_plan_and_writes_nothing() {
         "{plan}"
     );
     assert!(plan.contains(&hex_sha256(&b.der())), "{plan}");
-    assert!(plan.contains("would change"), "{plan}");
+    assert!(
+        plan.contains("would change: 1 -> 1 certificates (1 added, 1 removed)"),
+        "{plan}"
+    );
     assert_eq!(fingerprint_file(&node.bundle()), before);
 
     fs::write(source.strip_prefix("file:").unwrap(), a.pem()).unwrap();
     let out = node.sync(&[&source], &["--dry-run"]);
     assert!(stdout(&out).contains("in sync"), "{}", stdout(&out));
+
+    // Only added: counted as such, never taken for the same certificates.
+    fs::write(source.strip_prefix("file:").unwrap(), a.pem() + &b.pem()).unwrap();
+    let out = node.sync(&[&source], &["--dry-run"]);
+    assert!(
+        stdout(&out).contains("would change: 1 -> 2 certificates (1 added, 0 removed)"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]

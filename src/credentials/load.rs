@@ -1209,6 +1209,12 @@ mod tests {
         assert_eq!(Found::probe(&other), Found::NotKubeconfig);
         assert_eq!(Found::probe(&dir), Found::NotKubeconfig);
         assert_eq!(Found::probe(&dir.join("none")), Found::Missing);
+        // YAML with no cluster is no kubeconfig to use.
+        let empty = dir.join("empty.conf");
+        std::fs::write(&empty, "apiVersion: v1\nkind: Config\nclusters: []\n").unwrap();
+        assert_eq!(Found::probe(&empty), Found::NotKubeconfig);
+        // A path that cannot be looked at (under a regular file) is not said missing.
+        assert_eq!(Found::probe(&other.join("x")), Found::NotKubeconfig);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
