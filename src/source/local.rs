@@ -318,4 +318,25 @@ mod tests {
         );
         let _ = fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn at_most_ten_skipped_files_are_named_and_the_rest_counted() {
+        let skipped = |n: usize| -> Vec<(String, &'static str)> {
+            (0..n)
+                .map(|i| (format!("f{i:02}.cer"), "not *.crt or *.pem"))
+                .collect()
+        };
+        let dir = Path::new("/etc/signers");
+        let ten = no_certificate_in_dir(dir, vec![], skipped(10));
+        assert!(ten.contains("f09.cer (not *.crt or *.pem)"), "{ten}");
+        assert!(!ten.contains("more"), "{ten}");
+        let eleven = no_certificate_in_dir(dir, vec![], skipped(11));
+        assert!(
+            eleven.contains("f09.cer (not *.crt or *.pem), and 1 more"),
+            "{eleven}"
+        );
+        assert!(!eleven.contains("f10.cer"), "{eleven}");
+        let none = no_certificate_in_dir(dir, vec![], vec![]);
+        assert_eq!(none, "no *.crt or *.pem file in /etc/signers");
+    }
 }
