@@ -364,9 +364,9 @@ mod tests {
 
     /// A plain-HTTP server on loopback that takes connections in turn and, on the n-th,
     /// answers the first `answered[n]` requests (a ConfigMap) and closes the connection when
-    /// the next one has been read, without a word. What it read: each request's first line,
-    /// with the number of its connection.
-    async fn closing_server(answered: Vec<usize>) -> (String, Seen) {
+    /// the next one has been read, with `last` written first (nothing: no answer at all).
+    /// What it read: each request's first line, with the number of its connection.
+    async fn closing_server(answered: Vec<usize>, last: &'static [u8]) -> (String, Seen) {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -409,7 +409,8 @@ mod tests {
                     );
                     socket.get_mut().write_all(answer.as_bytes()).await.unwrap();
                 }
-                // Closed with the request read and no answer.
+                // Closed with the request read and `last` as the answer.
+                let _ = socket.get_mut().write_all(last).await;
             }
         });
         (url, seen)
@@ -436,7 +437,7 @@ mod tests {
     #[tokio::test]
     async fn a_read_whose_connection_closed_before_any_answer_is_sent_again_on_a_new_one() {
         use k8s_openapi::api::core::v1::ConfigMap;
-        let (url, server) = closing_server(vec![1, 1]).await;
+        let (url, server) = closing_server(vec![1, 1], b"").await;
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
         api.get("c").await.unwrap();
         // Sent on the pooled connection, which the server closes: sent again, answered.
@@ -457,7 +458,7 @@ mod tests {
     async fn a_write_is_never_sent_again_and_a_read_only_once() {
         use k8s_openapi::api::core::v1::ConfigMap;
         // A write on a connection closed before any answer: the caller's failure.
-        let (url, server) = closing_server(vec![1]).await;
+        let (url, server) = closing_server(vec![1], b"").await;
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
         api.get("c").await.unwrap();
         let patch = kube::api::Patch::Merge(serde_json::json!({"data": {"k": "v"}}));
@@ -470,7 +471,7 @@ mod tests {
         assert!(seen[1].1.starts_with("PATCH "), "{seen:?}");
 
         // A read closed twice: sent once more, then the caller's failure, no loop.
-        let (url, server) = closing_server(vec![0, 0, 0]).await;
+        let (url, server) = closing_server(vec![0, 0, 0], b"").await;
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
         let failed = api.get("c").await.unwrap_err();
         assert!(closed_before_answer(&failed), "{failed}");
@@ -480,6 +481,13 @@ mod tests {
             vec![0, 1],
             "{seen:?}"
         );
+
+        // A read that failed otherwise (an answer that is no HTTP): the caller's, at once.
+        let (url, server) = closing_server(vec![0, 0], b"HTTP/1.1 what\r\n\r\n").await;
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client_of(&url), "ns");
+        let failed = api.get("c").await.unwrap_err();
+        assert!(!closed_before_answer(&failed), "{failed}");
+        assert_eq!(server.take().len(), 1);
     }
 
     #[test]
