@@ -432,6 +432,15 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(10));
     }
 
+    /// Waits until `condition` holds, at most 10 s (a loaded machine spawns slowly).
+    fn until(condition: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !condition() {
+            assert!(start.elapsed() < Duration::from_secs(10), "not within 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     #[test]
     fn changes_during_a_run_are_coalesced_into_one_more_run() {
         let dir = tempfile::tempdir().unwrap();
@@ -452,9 +461,16 @@ mod tests {
         for _ in 0..20 {
             hooks.changed();
         }
-        std::thread::sleep(Duration::from_millis(1200));
+        let runs = || {
+            std::fs::read_to_string(&log)
+                .map(|text| text.lines().count())
+                .unwrap_or(0)
+        };
+        until(|| runs() >= 2);
+        // And no third: the second run took every change made during the first.
+        std::thread::sleep(Duration::from_millis(1000));
         drop(hooks);
-        let runs = std::fs::read_to_string(&log).unwrap().lines().count();
+        let runs = runs();
         assert_eq!(runs, 2, "one run, then one for all the changes during it");
         assert_eq!(failures.load(Ordering::SeqCst), 0);
     }
@@ -482,12 +498,10 @@ mod tests {
         );
         assert_eq!(hooks.restart(), None, "nothing added yet");
         hooks.changed_with(vec!["aa".into()]);
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(hooks.restart(), Some(Restart::Failed));
+        until(|| hooks.restart() == Some(Restart::Failed));
         hooks.changed_with(vec!["bb".into()]);
         assert_eq!(hooks.restart(), Some(Restart::Pending));
-        std::thread::sleep(Duration::from_millis(1700));
-        assert_eq!(hooks.restart(), Some(Restart::Done));
+        until(|| hooks.restart() == Some(Restart::Done));
         drop(hooks);
         let runs = std::fs::read_to_string(&log).unwrap();
         assert_eq!(
