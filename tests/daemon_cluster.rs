@@ -425,6 +425,34 @@ fn run_on_the_default_source_names_the_kubeadm_one_only_where_it_helps() {
         said[0].contains("WARN") && said[0].contains("this cluster has the kubeadm-style one"),
         "{log}"
     );
+    // A source of the user's own that is missing: nothing looked for, nothing said.
+    let asked = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.contains("/namespaces/kube-system/"))
+            .count()
+    };
+    let before = asked(&api);
+    let node = Node::new();
+    let kubeconfig = api.kubeconfig();
+    let own = Agent::start(
+        &node,
+        &["configmap:openshift-config-managed/not-here"],
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--no-node-report",
+        ],
+    );
+    assert!(
+        eventually(10 * SECOND, || own.log().contains("not_found")),
+        "{}",
+        own.log()
+    );
+    std::thread::sleep(2 * SECOND);
+    assert_eq!(asked(&api), before, "{}", own.log());
+    assert!(!own.log().contains(hint), "{}", own.log());
+    drop(own);
     // Both forbidden: the agent cannot tell, and says what to try and what to grant.
     api.restrict_to(vec![Rule::new(
         &["get"],
