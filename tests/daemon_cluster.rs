@@ -324,6 +324,18 @@ fn sync_reads_a_configmap_with_one_list_and_no_watch() {
     );
 }
 
+/// RBAC that lets the agent read ConfigMaps in one namespace it has no business in: both
+/// OpenShift's source and the kubeadm-style one are forbidden.
+fn only_elsewhere() -> Vec<Rule> {
+    vec![Rule::new(
+        &["get"],
+        "",
+        "configmaps",
+        Some("elsewhere"),
+        &[],
+    )]
+}
+
 /// `sync` with no --source where OpenShift's ConfigMap is not (SPEC 3): its error names the
 /// kubeadm-style source when this cluster has it, says what to try when the agent cannot
 /// tell, and adds nothing when that one is not there either.
@@ -360,13 +372,7 @@ fn sync_on_the_default_source_names_the_kubeadm_one_only_where_it_helps() {
         "{err}"
     );
     // Both forbidden: the agent cannot tell, and says what to try and what to grant.
-    api.restrict_to(vec![Rule::new(
-        &["get"],
-        "",
-        "configmaps",
-        Some("elsewhere"),
-        &[],
-    )]);
+    api.restrict_to(only_elsewhere());
     let err = sync();
     assert!(err.contains("forbidden"), "{err}");
     assert!(
@@ -454,13 +460,7 @@ fn run_on_the_default_source_names_the_kubeadm_one_only_where_it_helps() {
     assert!(!own.log().contains(hint), "{}", own.log());
     drop(own);
     // Both forbidden: the agent cannot tell, and says what to try and what to grant.
-    api.restrict_to(vec![Rule::new(
-        &["get"],
-        "",
-        "configmaps",
-        Some("elsewhere"),
-        &[],
-    )]);
+    api.restrict_to(only_elsewhere());
     let log = log_of(&api);
     assert!(
         log.lines().any(
