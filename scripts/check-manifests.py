@@ -4,7 +4,12 @@ schemas: what SPEC section 10 and issue 9 require of the DaemonSet, of the publi
 Deployment when a rendering has one (SPEC 8b), least-privilege RBAC for each of the two
 service accounts against what it is configured to read and write, the scrape
 configuration, and the fields of the custom resources (ServiceMonitor, PrometheusRule,
-SecurityContextConstraints) that kubernetes-validate has no schema for.
+SecurityContextConstraints) that kubernetes-validate has no schema for. And what a
+taken-over agent may hold (SPEC 13, issue 37): the DaemonSet's host paths, the masks over
+/etc/kubernetes, no control-plane node, no bus, the kubelet's restart through the host's
+path unit, a write on nodes only beside the ValidatingAdmissionPolicy that confines it to
+the token's own Node, no node reading the ControllerConfig, and the publisher in a
+namespace of its own at the restricted Pod Security level.
 
 usage: check-manifests.py RENDERED.yaml...   (exit 1 with one line per problem)
 """
@@ -17,13 +22,45 @@ import yaml
 NS = "kubelet-ca-agent"
 AGENT = "kubelet-ca-agent"
 PUBLISHER = "kubelet-ca-agent-publisher"
+# The publisher's own namespace, at the restricted Pod Security level (the agents' must be
+# privileged).
+PUBLISHER_NS = "kubelet-ca-agent-publisher"
 SA = ("ServiceAccount", AGENT, NS)
-PUBLISHER_SA = ("ServiceAccount", PUBLISHER, NS)
+PUBLISHER_SA = ("ServiceAccount", PUBLISHER, PUBLISHER_NS)
 READ = {"get", "list", "watch"}
-# Writing a Node is the node's own business (its kubelet's credentials, under the Node
-# authorizer and NodeRestriction): no ServiceAccount may be granted any of these on nodes
-# (SPEC 8c), whatever else the checks below allow.
+# A write on Nodes: granted to a ServiceAccount only beside a ValidatingAdmissionPolicy
+# that confines it to the Node its token names (SPEC 8c), see check_node_writes.
 NODE_WRITES = {"patch", "update", "create", "delete", "deletecollection", "*"}
+# What the node report needs with the pod's own token: read its Node once, patch its
+# annotation (cluster-wide: every node has its own name), and create Events in default.
+NODE_REPORT = ("", "nodes", frozenset({"get", "patch"}), None)
+NODE_EVENTS = ("", "events", frozenset({"create"}), "default")
+# The host directories a pod of this project may mount, each for a reason (and the same
+# list as the ValidatingAdmissionPolicy kubelet-ca-agent-pods names):
+ALLOWED_HOST_PATHS = {
+    "/etc/kubernetes",                        # the bundle, the kubeconfigs it keeps
+    "/var/lib/kubelet-ca-agent",              # its state
+    "/run/kubelet-ca-agent/kubelet-restart",  # the kubelet's restart request (path unit)
+    "/etc/docker",                            # registry CAs (openshift-publisher)
+}
+# Never mounted, nor a directory above them (SPEC 13): other pods' volumes and tokens and
+# the kubelet's key, etcd's data, systemd's bus and its private socket. One exception: the
+# kubelet's pki/, read-only, with components/kubelet-credentials (clusters before 1.30).
+SECRET_HOST_PATHS = ("/var/lib/kubelet", "/var/lib/etcd", "/run/dbus", "/run/systemd",
+                     "/var/run/dbus", "/var/run/systemd")
+KUBELET_PKI = "/var/lib/kubelet/pki"
+# Under /etc/kubernetes, which the agent must mount: the cluster's CA keys and the static
+# pod manifests, hidden by read-only empty directories mounted over them.
+MASKED = ("/etc/kubernetes/pki", "/etc/kubernetes/manifests")
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+# The kubeconfigs the kubelet reads while it runs (kubeadm, OpenShift): a new CA there
+# needs the kubelet's restart. A bootstrap kubeconfig (OpenShift's
+# /etc/kubernetes/kubeconfig) is read only to bootstrap, and needs none.
+KUBELET_KUBECONFIGS = ("/etc/kubernetes/kubelet.conf", "/var/lib/kubelet/kubeconfig")
+RESTART_DIR = "/run/kubelet-ca-agent/kubelet-restart"
+# Volume types the restricted Pod Security level admits.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
 # The publisher's target ConfigMap: read it (get for --once, list and watch by name), apply
 # to it (patch), and create it, which an apply that creates the object is authorized for.
 PUBLISH = READ | {"patch", "create"}
@@ -248,6 +285,7 @@ def check_daemonset(ds, bad):
     check_listen(what, ds, ct, "HOST_IP", "status.hostIP", bad)
     if ct.field("NODE_NAME") != "spec.nodeName" or ct.value("KUBELET_CA_AGENT_NODE_NAME") != "$(NODE_NAME)":
         bad("the node name must come from the downward API spec.nodeName")
+    check_control_plane_excluded(pod, bad)
     # Host directories, never the bundle file.
     bundle = ct.value("KUBELET_CA_AGENT_BUNDLE") or "/etc/kubernetes/kubelet-ca.crt"
     host = {v["name"]: v["hostPath"] for v in pod.get("volumes", []) if "hostPath" in v}
@@ -276,17 +314,8 @@ def check_daemonset(ds, bad):
         if mounted.get(directory) != directory and not any(
                 directory.startswith(m + "/") and mounted[m] == m for m in mounted):
             bad(f"the managed kubeconfig {path}: its directory {directory} must be a host directory mounted as itself")
-    # The kubelet learns new CA data only when it restarts: a DaemonSet that manages a
-    # kubeconfig restarts it through systemd's D-Bus API, on the host's system bus.
-    if kubeconfigs:
-        unit = ct.value("KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT")
-        if not unit:
-            bad("a DaemonSet that manages kubeconfigs must set KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT (it has no shell for a hook)")
-        if ct.value("KUBELET_CA_AGENT_KUBECONFIG_HOOK"):
-            bad("the image has no shell or systemctl: use KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT, not a hook")
-        bus = (ct.value("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket").removeprefix("unix:path=")
-        if mounted.get(bus.rsplit("/", 1)[0]) != "/run/dbus":
-            bad(f"the restart needs the host's /run/dbus mounted where {bus} is")
+    check_host_paths(ct, host, mounts, mounted, bad)
+    check_kubelet_restart(ct, kubeconfigs, host, mounts, mounted, bad)
     check_container_basics(what, ct, bad)
     if not set(c.get("securityContext", {}).get("capabilities", {}).get("add", [])) <= {"CHOWN"}:
         bad(f"capabilities beyond CHOWN: {c['securityContext']['capabilities'].get('add')}")
@@ -295,6 +324,92 @@ def check_daemonset(ds, bad):
     if not ct.value("KUBELET_CA_AGENT_CLIENT_CA_FILE"):
         bad("--client-ca-file must be set: /metrics is scraped with a client certificate")
     return ct
+
+
+def overlaps(path, other):
+    """`path` is `other`, under it, or a directory above it."""
+    return path == other or path.startswith(other + "/") or other.startswith(path.rstrip("/") + "/") or path == "/"
+
+
+def kubelet_credentials(ct):
+    """The opt-in of components/kubelet-credentials: the report with the kubelet's own
+    credentials (clusters before Kubernetes 1.30)."""
+    return bool(ct.value("KUBELET_CA_AGENT_REPORT_KUBECONFIG"))
+
+
+def check_host_paths(ct, host, mounts, mounted, bad):
+    """SPEC 13: only the host directories the agent needs, nothing of the kubelet's, etcd's
+    or systemd's, and the control plane's secrets under /etc/kubernetes masked."""
+    for name, hp in host.items():
+        path = hp["path"].rstrip("/") or "/"
+        secret = next((p for p in SECRET_HOST_PATHS if overlaps(path, p)), None)
+        if path == KUBELET_PKI and kubelet_credentials(ct):
+            # components/kubelet-credentials: the kubelet's key, read-only, for its report.
+            if not (mounts.get(name, {}).get("readOnly") is True):
+                bad(f"hostPath volume {name} ({path}): the kubelet's key must be mounted read-only")
+        elif path == KUBELET_PKI:
+            bad(f"hostPath volume {name} mounts {path}, the kubelet's key: the report goes through the pod's own token "
+                f"(only components/kubelet-credentials, for clusters before 1.30, mounts it, with KUBELET_CA_AGENT_REPORT_KUBECONFIG)")
+        elif secret:
+            bad(f"hostPath volume {name} mounts {path}, which is or holds {secret}: never mounted in the agent's pod (SPEC 13)")
+        elif path not in ALLOWED_HOST_PATHS:
+            bad(f"hostPath volume {name} mounts {path}, which the agent does not need (allowed: {', '.join(sorted(ALLOWED_HOST_PATHS))})")
+    if kubelet_credentials(ct) and mounted.get(KUBELET_PKI) != KUBELET_PKI:
+        bad(f"KUBELET_CA_AGENT_REPORT_KUBECONFIG is set (components/kubelet-credentials) without {KUBELET_PKI} mounted read-only as itself")
+    # The masks: an empty read-only directory (emptyDir) mounted over each of MASKED,
+    # wherever the host's /etc/kubernetes is mounted.
+    volumes = {v["name"]: v for v in ct.pod.get("volumes", [])}
+    for mount_path, host_path in mounted.items():
+        for masked in MASKED:
+            if not masked.startswith(host_path + "/"):
+                continue
+            inside = mount_path + masked[len(host_path):]
+            mask = next((m for m in mounts.values() if m["mountPath"].rstrip("/") == inside), None)
+            if mask is None:
+                bad(f"{masked} (the control plane's {'CA keys' if masked.endswith('pki') else 'static pod manifests'}) "
+                    f"must be masked: mount an empty read-only volume (emptyDir) at {inside}")
+            elif "emptyDir" not in volumes.get(mask["name"], {}) or mask.get("readOnly") is not True or mask.get("subPath"):
+                bad(f"the mask at {inside} must be an emptyDir volume mounted readOnly: true, not {mask['name']}")
+    if ct.value("DBUS_SYSTEM_BUS_ADDRESS"):
+        bad("DBUS_SYSTEM_BUS_ADDRESS is set: the agent's pod never talks to systemd's bus")
+
+
+def check_kubelet_restart(ct, kubeconfigs, host, mounts, mounted, bad):
+    """The kubelet learns a kubeconfig's new CA data only when it restarts. The pod has no
+    bus, shell or host PID namespace: it writes a request into a host directory that the
+    host's path unit (kubelet-ca-agent-kubelet-restart.path) takes. Only where a managed
+    kubeconfig is one the kubelet reads while it runs: the restart is a privilege too."""
+    for gone in ("KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT", "KUBELET_CA_AGENT_KUBECONFIG_HOOK"):
+        if ct.value(gone):
+            bad(f"{gone} is set: the DaemonSet restarts the kubelet through KUBELET_CA_AGENT_KUBECONFIG_RESTART_REQUEST and the host's path unit, never over the bus or by a hook")
+    request = ct.value("KUBELET_CA_AGENT_KUBECONFIG_RESTART_REQUEST")
+    needs = [k for k in kubeconfigs if k in KUBELET_KUBECONFIGS]
+    if needs:
+        if request != RESTART_DIR:
+            bad(f"the managed kubeconfig {needs[0]} needs the kubelet's restart: set KUBELET_CA_AGENT_KUBECONFIG_RESTART_REQUEST to {RESTART_DIR}, not {request!r}")
+        if mounted.get(RESTART_DIR) != RESTART_DIR:
+            bad(f"the kubelet's restart request needs the host directory {RESTART_DIR} mounted as itself (hostPath, DirectoryOrCreate)")
+        elif any(m.get("readOnly") for m in mounts.values() if m["mountPath"].rstrip("/") == RESTART_DIR):
+            bad(f"{RESTART_DIR} must be mounted read-write: the agent writes its request there")
+    elif request or RESTART_DIR in mounted.values():
+        bad(f"KUBELET_CA_AGENT_KUBECONFIG_RESTART_REQUEST or the host directory {RESTART_DIR} without a managed kubeconfig that the kubelet reads while it runs ({', '.join(KUBELET_KUBECONFIGS)}): the restart is a privilege, leave it out")
+
+
+def check_control_plane_excluded(pod, bad):
+    """The DaemonSet never runs on a control-plane node (its /etc/kubernetes holds the admin
+    kubeconfigs, which only file masks could hide): every required node-selector term
+    excludes both control-plane labels. Those nodes run the systemd unit."""
+    terms = (pod.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    excluded = bool(terms) and all(
+        all({"key": label, "operator": "DoesNotExist"} in [
+            {k: e.get(k) for k in ("key", "operator")} for e in t.get("matchExpressions", [])]
+            for label in CONTROL_PLANE_LABELS)
+        for t in terms)
+    if not excluded or any(label in pod.get("nodeSelector", {}) for label in CONTROL_PLANE_LABELS):
+        bad("the DaemonSet must not run on control-plane nodes: a required node affinity with "
+            + " and ".join(f"{label} DoesNotExist" for label in CONTROL_PLANE_LABELS)
+            + " in every term (control-plane nodes run systemd/kubelet-ca-agent.service)")
 
 
 def selects(selector, labels):
@@ -362,17 +477,20 @@ def check_publisher(dep, docs, bad):
     return ct
 
 
-def check_rbac(docs, allowed, bad):
+def check_rbac(docs, allowed, bad, required=None):
     """Each of our service accounts may do exactly what `allowed` says, by resourceNames,
     and nothing else; roles bound to anyone else only read in our namespace.
 
     allowed: {subject: (needed, specials)} with needed = {(ns or None, group, resource,
     name): verbs}, which must be granted in full and never exceeded, and specials = the
-    unnamed rules ((group, resource, verbs)) it may have besides."""
+    unnamed rules ((group, resource, verbs, ns: the RoleBinding's namespace, None for a
+    ClusterRoleBinding)) it may have besides. required: the specials a subject must have
+    (the node report's), {subject: {special}}."""
     roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d
              for d in docs if d["kind"] in ("Role", "ClusterRole")}
     check_node_writes(docs, roles, bad)
     granted = {subject: {} for subject in allowed}
+    granted_specials = {subject: set() for subject in allowed}
     for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         ref = b["roleRef"]
         bns = b["metadata"].get("namespace")
@@ -391,16 +509,25 @@ def check_rbac(docs, allowed, bad):
                 bad(f"wildcard or non-resource rule in {desc}")
                 continue
             if not ours:
-                # Someone else's role (the platform Prometheus): read-only, in our namespace.
-                if not verbs <= READ or role["kind"] != "Role" or bns != NS:
-                    bad(f"a role for another subject grants more than reading in {NS}: {desc}")
+                # Someone else's role (the platform Prometheus): read-only, in our namespaces.
+                if not verbs <= READ or role["kind"] != "Role" or bns not in (NS, PUBLISHER_NS):
+                    bad(f"a role for another subject grants more than reading in {NS} or {PUBLISHER_NS}: {desc}")
                 continue
             for subject in ours:
                 needed, specials = allowed[subject]
                 who = subject[1]
+                # No node agent reads the ControllerConfig: its spec carries the cluster's
+                # internal registry pull secret (the publisher reads it, once).
+                if subject == SA and "controllerconfigs" in resources:
+                    bad(f"{who}: the node agents must have no access to controllerconfigs (their spec carries the cluster's pull secret; the publisher derives what nodes need): {desc}")
+                    continue
                 if not names:
-                    if not any(set(groups) == {g} and resources == [r] and verbs == v for g, r, v in specials):
+                    match = next((sp for sp in specials if set(groups) == {sp[0]} and resources == [sp[1]]
+                                  and verbs == sp[2] and sp[3] == ns), None)
+                    if match is None:
                         bad(f"{who}: a rule without resourceNames that it has no use for: {desc}")
+                    else:
+                        granted_specials[subject].add(match)
                     continue
                 for g in groups:
                     for r in resources:
@@ -417,13 +544,19 @@ def check_rbac(docs, allowed, bad):
             missing = verbs - granted[subject].get(grant, set())
             if missing:
                 bad(f"{subject[1]}: {grant} lacks {sorted(missing)} (needs exactly {sorted(verbs)})")
+        for group, resource, verbs, ns in (required or {}).get(subject, ()):
+            if (group, resource, verbs, ns) not in granted_specials[subject]:
+                bad(f"{subject[1]}: the node report needs {sorted(verbs)} on {resource} in {ns or 'the cluster'} "
+                    f"(KUBELET_CA_AGENT_REPORT_KUBECONFIG unset: it writes with the pod's own token)")
 
 
 def check_node_writes(docs, roles, bad):
-    """No role bound to a ServiceAccount may write nodes (or nodes/status): a node agent
-    writes its report with the kubelet's own credentials, and the cluster side only reads."""
+    """A role bound to a ServiceAccount may write nodes (or nodes/*) only beside a
+    ValidatingAdmissionPolicy that confines that ServiceAccount to the Node its token
+    names (SPEC 8c): RBAC alone would let it write every Node."""
     for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
-        if not any(s.get("kind") == "ServiceAccount" for s in b.get("subjects", [])):
+        accounts = [s for s in b.get("subjects", []) if s.get("kind") == "ServiceAccount"]
+        if not accounts:
             continue
         ref = b["roleRef"]
         role = roles.get((ref["kind"], ref["name"], b["metadata"].get("namespace") if ref["kind"] == "Role" else None))
@@ -432,8 +565,98 @@ def check_node_writes(docs, roles, bad):
             on_nodes = ("" in groups or "*" in groups) and (
                 "*" in resources or any(r == "nodes" or r.startswith("nodes/") for r in resources))
             writes = set(rule.get("verbs", [])) & NODE_WRITES
-            if on_nodes and writes:
-                bad(f"{b['kind']} {b['metadata']['name']} grants {sorted(writes)} on nodes to a ServiceAccount ({role['kind']} {role['metadata']['name']}): a node writes its own report with its kubelet's credentials, never with a ServiceAccount's")
+            if not (on_nodes and writes):
+                continue
+            for account in accounts:
+                user = f"system:serviceaccount:{account.get('namespace')}:{account['name']}"
+                why = per_node_policy(docs, user, "nodes", "UPDATE", "kubelet-ca-agent/held")
+                if why:
+                    bad(f"{b['kind']} {b['metadata']['name']} grants {sorted(writes)} on nodes to {user} "
+                        f"({role['kind']} {role['metadata']['name']}) without a policy that confines it to its own Node: {why}")
+
+
+def user_condition(policy, user):
+    """Whether the policy's matchConditions hold it to `user`'s requests (and them only)."""
+    want = f"request.userInfo.username == '{user}'"
+    return any(re.sub(r"\s+", " ", c.get("expression", "")).replace('"', "'").strip() == want
+               for c in policy["spec"].get("matchConditions", []))
+
+
+def per_node_policy(docs, user, resource, operation, must_mention):
+    """None when a ValidatingAdmissionPolicy, with failurePolicy Fail and its binding
+    (validationActions Deny, nothing that narrows what it sees), matches `user`'s
+    `operation`s on core `resource` and decides by the node its token names; else why not."""
+    def covers(policy):
+        rules = policy["spec"].get("matchConstraints", {}).get("resourceRules", [])
+        return any(({"", "*"} & set(r.get("apiGroups", []))) and ({resource, "*"} & set(r.get("resources", [])))
+                   and ({operation, "*"} & set(r.get("operations", []))) for r in rules)
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and covers(d)]
+    if not policies:
+        return f"no ValidatingAdmissionPolicy matches {operation} on {resource}"
+    policies = [d for d in policies if user_condition(d, user)]
+    if not policies:
+        return (f"no ValidatingAdmissionPolicy of {operation} on {resource} has the matchCondition "
+                f"request.userInfo.username == '{user}'")
+    reasons = []
+    for policy in policies:
+        name, spec = policy["metadata"]["name"], policy["spec"]
+        text = yaml.safe_dump(spec)
+        bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"].get("policyName") == name]
+        if spec.get("failurePolicy") != "Fail":
+            reasons.append(f"{name}: failurePolicy must be Fail (a policy that cannot decide must refuse)")
+        elif spec.get("paramKind") or "authentication.kubernetes.io/node-name" not in text or must_mention not in text:
+            reasons.append(f"{name}: does not decide by the token's authentication.kubernetes.io/node-name and {must_mention}")
+        elif not any("Deny" in bd["spec"].get("validationActions", []) and not bd["spec"].get("matchResources")
+                     and not bd["spec"].get("paramRef") for bd in bindings):
+            reasons.append(f"{name}: no ValidatingAdmissionPolicyBinding with validationActions [Deny] and no matchResources")
+        else:
+            return None
+    return "; ".join(reasons)
+
+
+def check_pod_policy(docs, agent, bad):
+    """The policy kubelet-ca-agent-pods (host paths, privilege of the namespace's pods):
+    present (but where components/kubelet-credentials removed every policy, for clusters
+    before 1.30), failing closed, bound to the agents' namespace, naming no host path
+    beyond ALLOWED_HOST_PATHS, and admitting the rendered DaemonSet's."""
+    name = "kubelet-ca-agent-pods"
+    policy = next((d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name), None)
+    if policy is None:
+        if not kubelet_credentials(agent):
+            bad(f"no ValidatingAdmissionPolicy {name}: the namespace is privileged, and only it limits what its pods may mount")
+        return
+    spec = policy["spec"]
+    if spec.get("failurePolicy") != "Fail":
+        bad(f"ValidatingAdmissionPolicy {name}: failurePolicy must be Fail")
+    allowed = next((v["expression"] for v in spec.get("variables", []) if v["name"] == "allowedHostPaths"), "")
+    listed = set(re.findall(r"'([^']*)'", allowed))
+    if not listed or not listed <= ALLOWED_HOST_PATHS:
+        bad(f"ValidatingAdmissionPolicy {name}: its allowedHostPaths {sorted(listed)} must be within {sorted(ALLOWED_HOST_PATHS)}")
+    used = {v["hostPath"]["path"] for v in agent.pod.get("volumes", []) if "hostPath" in v}
+    if not used <= listed:
+        bad(f"ValidatingAdmissionPolicy {name} would refuse the DaemonSet's own host paths {sorted(used - listed)}")
+    binding = next((d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"].get("policyName") == name), None)
+    selector = ((binding or {}).get("spec", {}).get("matchResources", {}).get("namespaceSelector", {}).get("matchLabels", {}))
+    if binding is None or "Deny" not in binding["spec"].get("validationActions", []) or selector != {"kubernetes.io/metadata.name": NS}:
+        bad(f"ValidatingAdmissionPolicy {name} needs a binding with validationActions [Deny] and the namespaceSelector kubernetes.io/metadata.name: {NS}")
+
+
+def check_publisher_namespace(dep, docs, bad):
+    """The publisher runs in a namespace of its own at the restricted Pod Security level
+    (enforce, audit, warn), and its pod satisfies that level."""
+    ns = dep["metadata"].get("namespace")
+    if ns != PUBLISHER_NS:
+        bad(f"the publisher must run in its own namespace {PUBLISHER_NS}, not {ns!r} (the node agents' is privileged)")
+    namespace = next((d for d in docs if d["kind"] == "Namespace" and d["metadata"]["name"] == ns), None)
+    labels = (namespace or {}).get("metadata", {}).get("labels", {})
+    for mode in ("enforce", "audit", "warn"):
+        if labels.get(f"pod-security.kubernetes.io/{mode}") != "restricted":
+            bad(f"the publisher's namespace {ns} must be labelled pod-security.kubernetes.io/{mode}: restricted")
+    pod = dep["spec"]["template"]["spec"]
+    for v in pod.get("volumes", []):
+        kind = next((k for k in v if k != "name"), None)
+        if kind not in RESTRICTED_VOLUMES:
+            bad(f"the publisher's volume {v['name']} ({kind}) is not one the restricted level admits")
 
 
 def check(path):
@@ -455,15 +678,34 @@ def check(path):
     check_scrape("the DaemonSet", agent, named("ServiceMonitor", AGENT), named("Service", AGENT), bad,
                  verify_server=False)
     agent_sources = agent.sources(DEFAULT_AGENT_SOURCE)
+    for spec in agent_sources + agent.other_sources():
+        if spec.startswith("controllerconfig:"):
+            bad(f"the node agents must not read the ControllerConfig ({spec}): its spec carries the cluster's "
+                f"internal registry pull secret; read the ConfigMap the publisher derives (overlays/openshift-publisher)")
     agent_specials = set()
-    agent_needed = {g: READ for g in map(source_grants, agent_sources + agent.other_sources()) if g}
+    agent_needed = {g: READ for g in map(source_grants, agent_sources + agent.other_sources())
+                    if g and g[2] != "controllerconfigs"}
     # On OpenShift, `use` of the node agents' SecurityContextConstraints, by name.
     if named("SecurityContextConstraints", AGENT) is not None:
         agent_needed[(NS, "security.openshift.io", "securitycontextconstraints", AGENT)] = {"use"}
     if agent.token_webhook:
-        agent_specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))
+        agent_specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"}), None))
     if agent.access_webhook and not agent.allow_list:
-        agent_specials.add(("authorization.k8s.io", "subjectaccessreviews", frozenset({"create"})))
+        agent_specials.add(("authorization.k8s.io", "subjectaccessreviews", frozenset({"create"}), None))
+    # The node report with the pod's own token (SPEC 8c): get and patch on nodes, create
+    # on Events in default, which check_node_writes and the events' policy confine to the
+    # token's own Node. With components/kubelet-credentials it goes through the kubelet's
+    # credentials instead, and the service account has neither.
+    required = {}
+    report_off = agent.flag("KUBELET_CA_AGENT_NO_NODE_REPORT")
+    if not kubelet_credentials(agent):
+        agent_specials |= {NODE_REPORT, NODE_EVENTS}
+        if not report_off:
+            required[SA] = {NODE_REPORT, NODE_EVENTS}
+            why = per_node_policy(docs, f"system:serviceaccount:{NS}:{AGENT}", "events", "CREATE", "involvedObject")
+            if why:
+                bad(f"the agents' Events need a policy that confines them to the token's own Node: {why}")
+    check_pod_policy(docs, agent, bad)
     allowed = {SA: (agent_needed, agent_specials)}
 
     # --- The publisher, when there is one -------------------------------------------
@@ -493,20 +735,21 @@ def check(path):
                 if not spec.startswith(f"configmap:{tns}/{tname}/") or key not in ("cloud-ca.pem", "registry.*", "kubeconfig-ca.crt"):
                     bad(f"the node agents' other CA files must come from the publisher's ConfigMap {to} (keys cloud-ca.pem, registry.*, kubeconfig-ca.crt), not {spec}")
         # The rollout gate: one metadata watch on every Node (SPEC 8c), reading only.
-        specials = {("", "nodes", frozenset(READ))}
+        specials = {("", "nodes", frozenset(READ), None)}
         if pub.token_webhook:
-            specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"})))
+            specials.add(("authentication.k8s.io", "tokenreviews", frozenset({"create"}), None))
         if pub.access_webhook and not pub.allow_list:
-            specials.add(("authorization.k8s.io", "subjectaccessreviews", frozenset({"create"})))
+            specials.add(("authorization.k8s.io", "subjectaccessreviews", frozenset({"create"}), None))
         allowed[PUBLISHER_SA] = (needed, specials)
+        check_publisher_namespace(dep, docs, bad)
         for scc in by_kind.get("SecurityContextConstraints", []):
-            if scc.get("groups") or f"system:serviceaccount:{NS}:{PUBLISHER}" in (scc.get("users") or []):
+            if scc.get("groups") or f"system:serviceaccount:{PUBLISHER_NS}:{PUBLISHER}" in (scc.get("users") or []):
                 bad(f"SecurityContextConstraints {scc['metadata']['name']} must not be given to the publisher (or to groups)")
     elif named("ServiceAccount", PUBLISHER) is not None:
         bad("the publisher's service account is here without its Deployment")
 
     # --- RBAC: what each service account may do -------------------------------------
-    check_rbac(docs, allowed, bad)
+    check_rbac(docs, allowed, bad, required)
     return problems
 
 
@@ -516,7 +759,7 @@ def main():
         print(p, file=sys.stderr)
     if problems:
         sys.exit(1)
-    print(f"manifests: {len(sys.argv) - 1} renderings pass the DaemonSet, publisher, RBAC, scrape and custom-resource checks")
+    print(f"manifests: {len(sys.argv) - 1} renderings pass the DaemonSet, publisher, RBAC, policy, scrape and custom-resource checks")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }' || { printf '%s\n' "$security" | 
 # --- deploy/ -----------------------------------------------------------------------------
 step "deploy: render, validate, check"
 renders=()
-for k in base overlays/openshift overlays/kubeadm overlays/webhook overlays/openshift-publisher; do
+for k in base overlays/openshift overlays/kubeadm overlays/webhook overlays/openshift-publisher overlays/kubeadm-kubelet-credentials; do
   out="$work/$(echo "$k" | tr / -).yaml"
   kustomize "deploy/$k" > "$out"
   # The custom resources have no schema there: check-manifests.py checks their fields.
