@@ -429,6 +429,124 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Creates or updates `object` as admin with server-side apply (field manager
+    /// `test`, conflicts forced), at the path its apiVersion, kind, namespace and name make
+    /// ([`object_path`]): the status code and the body.
+    pub fn apply(&self, object: &Value) -> (u16, Value) {
+        let pki = |name: &str| self.path(&format!("pki/{name}"));
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-m", "20", "-X", "PATCH", "-w", "\n%{http_code}"])
+            .arg("--cacert")
+            .arg(pki("ca.crt"))
+            .arg("--cert")
+            .arg(pki("admin.crt"))
+            .arg("--key")
+            .arg(pki("admin.key"))
+            // JSON is YAML: an apply patch may be either.
+            .args(["-H", "Content-Type: application/apply-patch+yaml"])
+            .arg("--data-binary")
+            .arg(object.to_string())
+            .arg(format!(
+                "{}{}?fieldManager=test&force=true",
+                self.url,
+                object_path(object)
+            ));
+        answer(&cmd.output().expect("curl"))
+    }
+
+    /// A request with a bearer `token` (a service account's), as a pod sends it: the
+    /// status code and the body. A PATCH is a JSON merge patch.
+    pub fn request_with_token(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        // The header from a file, so that the token is on no command line.
+        let header = tempfile::NamedTempFile::new_in(self.dir.path()).unwrap();
+        fs::write(header.path(), format!("Authorization: Bearer {token}\n")).unwrap();
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-m", "20", "-X", method, "-w", "\n%{http_code}"])
+            .arg("--cacert")
+            .arg(self.path("pki/ca.crt"))
+            .arg("-H")
+            .arg(format!("@{}", header.path().display()));
+        if let Some(body) = body {
+            let content_type = if method == "PATCH" {
+                "application/merge-patch+json"
+            } else {
+                "application/json"
+            };
+            cmd.arg("-H")
+                .arg(format!("Content-Type: {content_type}"))
+                .arg("--data-binary")
+                .arg(body.to_string());
+        }
+        answer(
+            &cmd.arg(format!("{}{path}", self.url))
+                .output()
+                .expect("curl"),
+        )
+    }
+
+    /// A token of service account `namespace/name` from a TokenRequest (as admin), bound to
+    /// `bound_to` (a Pod's name and uid) when given, as the kubelet asks for the token it
+    /// projects into a pod; unbound otherwise.
+    pub fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        bound_to: Option<(&str, &str)>,
+    ) -> String {
+        let mut spec = json!({"expirationSeconds": 3600});
+        if let Some((pod, uid)) = bound_to {
+            spec["boundObjectRef"] =
+                json!({"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid});
+        }
+        let body =
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec});
+        let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token");
+        let (code, answer) = self.request("POST", &path, Some(&body));
+        assert_eq!(code, 201, "TokenRequest for {namespace}/{name}: {answer}");
+        answer["status"]["token"]
+            .as_str()
+            .expect("a token in the TokenRequest's status")
+            .to_string()
+    }
+}
+
+/// The API path of `object` (its apiVersion, kind, namespace and name), for the kinds the
+/// tests write: the resource is the kind in lower case, plural with `s` (`y` -> `ies`).
+pub fn object_path(object: &Value) -> String {
+    let api_version = object["apiVersion"].as_str().expect("apiVersion");
+    let kind = object["kind"].as_str().expect("kind").to_lowercase();
+    let resource = match kind.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None => format!("{kind}s"),
+    };
+    let group = if api_version.contains('/') {
+        format!("/apis/{api_version}")
+    } else {
+        format!("/api/{api_version}")
+    };
+    let namespace = object["metadata"]["namespace"]
+        .as_str()
+        .map(|ns| format!("/namespaces/{ns}"))
+        .unwrap_or_default();
+    let name = object["metadata"]["name"].as_str().expect("metadata.name");
+    format!("{group}{namespace}/{resource}/{name}")
+}
+
+/// curl's output with `-w "\n%{http_code}"`: the status code and the body as JSON.
+fn answer(out: &std::process::Output) -> (u16, Value) {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let code = code.trim().parse().unwrap_or(0);
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new("bash")
