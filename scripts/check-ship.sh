@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The shipped artifacts, checked with the tools that consume them (called by
 # scripts/test.sh; runs alone too). Fails loudly at the first problem.
-#   - systemd/: systemd-analyze verify, and systemd-analyze security --offline=yes with the
-#     overall exposure at most 2.0;
+#   - systemd/: systemd-analyze verify of every unit and drop-in, systemd-analyze security
+#     --offline=yes (the agent's unit at most 1.8, the kubelet-restart service at most 0.7),
+#     the hidden paths against those the agent needs, cloud-ca.conf's list against the
+#     unit's, and scripts/check-restart-unit.sh (the restart service's command lines run as
+#     systemd runs them, against links planted by a taken-over agent);
 #   - Containerfile: a static release build, the image built with buildah (vfs, no
 #     daemon) under 15 MB, then `version` and a `sync` into a mounted directory run in it;
 #   - deploy/: the base and every overlay rendered with kustomize (kubectl kustomize, or a
@@ -56,21 +59,77 @@ fi
 
 # --- systemd ---------------------------------------------------------------------------
 step "systemd: verify and security score"
-mkdir -p "$work/units/kubelet.service.d"
+mkdir -p "$work/units/kubelet.service.d" "$work/units/kubelet-ca-agent.service.d"
 # verify checks that ExecStart exists: point it at a stand-in, and give the kubelet
-# drop-in a kubelet.service to attach to.
+# drop-in a kubelet.service to attach to. The drop-ins are verified with the unit.
 printf '#!/bin/sh\n' > "$work/kubelet-ca-agent" && chmod +x "$work/kubelet-ca-agent"
 sed "s|/usr/bin/kubelet-ca-agent|$work/kubelet-ca-agent|" systemd/kubelet-ca-agent.service > "$work/units/kubelet-ca-agent.service"
 printf '[Unit]\nDescription=kubelet stand-in\n[Service]\nExecStart=%s\n' "$work/kubelet-ca-agent" > "$work/units/kubelet.service"
 cp systemd/kubelet.service.d/10-kubelet-ca-agent.conf "$work/units/kubelet.service.d/"
-(cd "$work/units" && SYSTEMD_UNIT_PATH="$work/units:" systemd-analyze verify --man=no kubelet-ca-agent.service kubelet.service)
-security=$(systemd-analyze security --offline=yes --no-pager systemd/kubelet-ca-agent.service 2>&1)
-score=$(printf '%s\n' "$security" | sed -n 's/.*Overall exposure level for .*: \([0-9.]*\) .*/\1/p')
-[ -n "$score" ] || { printf '%s\n' "$security" >&2; echo "no exposure score" >&2; exit 1; }
-echo "systemd-analyze security --offline=yes: overall exposure $score (at most 2.0 required)"
-awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }' || { printf '%s\n' "$security" | grep '✗' >&2; exit 1; }
+cp systemd/kubelet-ca-agent.service.d/*.conf "$work/units/kubelet-ca-agent.service.d/"
+cp systemd/kubelet-ca-agent-kubelet-restart.path systemd/kubelet-ca-agent-kubelet-restart.service "$work/units/"
+(cd "$work/units" && SYSTEMD_UNIT_PATH="$work/units:" systemd-analyze verify --man=no \
+  kubelet-ca-agent.service kubelet.service kubelet-ca-agent-kubelet-restart.path kubelet-ca-agent-kubelet-restart.service)
+echo "systemd-analyze verify: the agent's unit with $(ls systemd/kubelet-ca-agent.service.d | tr '\n' ' ')and the kubelet's drop-in, the restart path unit and service"
+# The exposure of each service as shipped (drop-ins aside), against its bound: keep or tighten.
+for bound in kubelet-ca-agent.service=1.8 kubelet-ca-agent-kubelet-restart.service=0.7; do
+  unit=${bound%=*} max=${bound#*=}
+  security=$(systemd-analyze security --offline=yes --no-pager "systemd/$unit" 2>&1)
+  score=$(printf '%s\n' "$security" | sed -n 's/.*Overall exposure level for .*: \([0-9.]*\) .*/\1/p')
+  [ -n "$score" ] || { printf '%s\n' "$security" >&2; echo "$unit: no exposure score" >&2; exit 1; }
+  echo "systemd-analyze security --offline=yes $unit: overall exposure $score (at most $max required)"
+  awk -v s="$score" -v m="$max" 'BEGIN { exit !(s <= m) }' || { printf '%s\n' "$security" | grep '✗' >&2; exit 1; }
+done
 # The drop-in only orders and wants: a failed agent must not stop the kubelet.
 ! grep -Eq '^(Requires|BindsTo|Requisite|PartOf)=' systemd/kubelet.service.d/10-kubelet-ca-agent.conf
+# The agent's unit hides the control plane's secrets, the runtimes and the bus, denies IP
+# but to localhost and the drop-in's addresses, and never restarts the kubelet itself.
+python3 - systemd/kubelet-ca-agent.service systemd/kubelet-ca-agent.service.d/cloud-ca.conf <<'PY'
+import sys
+
+def values(path, key):
+    out = []
+    for line in open(path):
+        if line.startswith(key + "="):
+            value = line.strip()[len(key) + 1:]
+            out = [] if value == "" else out + value.split()
+    return out
+
+unit, cloud = sys.argv[1], sys.argv[2]
+hidden = [p.lstrip("-") for p in values(unit, "InaccessiblePaths")]
+must_hide = ["/etc/kubernetes/pki", "/etc/kubernetes/manifests", "/etc/kubernetes/admin.conf",
+             "/etc/kubernetes/super-admin.conf", "/etc/kubernetes/controller-manager.conf",
+             "/etc/kubernetes/scheduler.conf", "/var/lib/etcd", "/var/lib/kubelet/pods",
+             "/run/dbus", "/run/systemd/private", "/etc/kubernetes/static-pod-resources"]
+needed = ["/etc/kubernetes/kubelet-ca.crt", "/etc/kubernetes/kubelet.conf",
+          "/etc/kubernetes/kubeconfig", "/etc/kubernetes/bootstrap-kubelet.conf",
+          "/var/lib/kubelet/kubeconfig", "/var/lib/kubelet/pki/kubelet-client-current.pem",
+          "/var/lib/kubelet/config.yaml", "/var/lib/kubelet-ca-agent",
+          "/run/kubelet-ca-agent/kubelet-restart/request", "/run/systemd/notify",
+          "/etc/docker/certs.d/registry.example:5000/ca.crt"]
+errors = [f"{unit}: InaccessiblePaths= lacks {p}" for p in must_hide if p not in hidden]
+for path in needed:
+    errors += [f"{unit}: InaccessiblePaths={h} hides {path}, which the agent needs"
+               for h in hidden if path == h or path.startswith(h + "/")]
+# cloud-ca.conf empties the list and gives it again without static-pod-resources alone.
+cloud_hidden = values(cloud, "InaccessiblePaths")
+want = [p for p in values(unit, "InaccessiblePaths") if p != "-/etc/kubernetes/static-pod-resources"]
+if cloud_hidden != want:
+    errors.append(f"{cloud}: InaccessiblePaths= differs from the unit's without static-pod-resources: "
+                  f"missing {sorted(set(want) - set(cloud_hidden))}, extra {sorted(set(cloud_hidden) - set(want))}")
+if values(unit, "IPAddressDeny") != ["any"]:
+    errors.append(f"{unit}: IPAddressDeny= is not any")
+if values(unit, "IPAddressAllow") != ["localhost"]:
+    errors.append(f"{unit}: IPAddressAllow= is not localhost alone (other addresses go in ip-allow.conf)")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+! grep -q '^KUBELET_CA_AGENT_KUBECONFIG_HOOK=.*systemctl' systemd/kubelet-ca-agent.sysconfig ||
+  { echo "systemd/kubelet-ca-agent.sysconfig: a systemctl hook needs the bus, which the unit hides" >&2; exit 1; }
+echo "hidden paths: the control plane's secrets, the runtimes and the bus, none the agent needs; cloud-ca.conf agrees"
+step "systemd: the kubelet's restart, run as systemd runs it"
+scripts/check-restart-unit.sh
 
 # --- deploy/ -----------------------------------------------------------------------------
 step "deploy: render, validate, check"
