@@ -2,9 +2,9 @@
 # The whole test suite, on a fresh machine: installs what the tests use (openssl to verify
 # bundles and talk TLS, chattr for the permission faults, prometheus for promtool and a real
 # scrape over mTLS, strace for the durability syscalls, curl as a TLS client and the real
-# cluster's admin client, dbus-daemon for a system bus on which a stand-in for systemd takes
-# --kubeconfig-restart-unit's restarts, setpriv and unshare from util-linux (unshare -m gives
-# the kubeadm node test its own mount namespace), and etcd-server for the real API server of
+# cluster's admin client, setpriv and unshare from util-linux (unshare -m gives the kubeadm
+# node test and the confinement's attack test their own mount namespace), gcc for the attack
+# library that test preloads into the agent, and etcd-server for the real API server of
 # ../shared/tools/kube-apiserver/cluster: installed here once, before the tests, because that
 # script would otherwise install it from several tests at once, which collide on the dpkg
 # lock), then format, lints and every test; then
@@ -21,7 +21,7 @@ command -v chattr >/dev/null || need+=(e2fsprogs)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v strace >/dev/null || need+=(strace)
 command -v curl >/dev/null || need+=(curl)
-command -v dbus-daemon >/dev/null || need+=(dbus-daemon)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
 { command -v setpriv && command -v unshare; } >/dev/null || need+=(util-linux)
 command -v etcd >/dev/null || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then

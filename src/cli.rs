@@ -251,18 +251,31 @@ pub struct CommonArgs {
     /// restart kubelet). One run at a time; a failure is counted and run again with backoff.
     #[arg(long, value_name = "CMD", env = "KUBELET_CA_AGENT_KUBECONFIG_HOOK", value_parser = parse_command)]
     pub kubeconfig_hook: Option<ExecCommand>,
-    /// Instead of --kubeconfig-hook, restart this systemd unit (e.g. kubelet.service) after a
-    /// managed kubeconfig gained a CA: the agent asks systemd itself, over its D-Bus API on
-    /// the host's system bus ($DBUS_SYSTEM_BUS_ADDRESS, else
-    /// unix:path=/run/dbus/system_bus_socket), and waits for the restart's result, as
-    /// systemctl restart does. For a pod with no shell and no host PID namespace. Same rules
-    /// as the hook: one at a time, coalesced, counted and retried with backoff on failure.
+    /// Instead of --kubeconfig-hook, ask the host to restart the kubelet after a managed
+    /// kubeconfig gained a CA: the agent writes DIR/request, which the host's
+    /// kubelet-ca-agent-kubelet-restart.path unit takes (it runs systemctl restart
+    /// kubelet.service and writes how that ended as DIR/result). The agent itself never holds
+    /// systemd's bus. Until the host takes a request, the restart is shown as pending with the
+    /// reason. Same rules as the hook: one at a time, coalesced, counted and retried with
+    /// backoff on failure.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "KUBELET_CA_AGENT_KUBECONFIG_RESTART_REQUEST",
+        num_args = 0..=1,
+        default_missing_value = crate::kubelet_restart::DEFAULT_DIR,
+        conflicts_with = "kubeconfig_hook"
+    )]
+    pub kubeconfig_restart_request: Option<PathBuf>,
+    /// Replaced by --kubeconfig-restart-request: kubelet.service is read as
+    /// --kubeconfig-restart-request /run/kubelet-ca-agent/kubelet-restart, with a warning.
     #[arg(
         long,
         value_name = "UNIT",
         env = "KUBELET_CA_AGENT_KUBECONFIG_RESTART_UNIT",
         value_parser = parse_unit,
-        conflicts_with = "kubeconfig_hook"
+        conflicts_with_all = ["kubeconfig_hook", "kubeconfig_restart_request"],
+        hide = true
     )]
     pub kubeconfig_restart_unit: Option<String>,
     /// A set of registry CA files under DIR, one DIR/<host[:port]>/ca.crt for each entry of

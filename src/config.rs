@@ -39,7 +39,7 @@ pub struct Common {
     /// The kubeconfigs whose CA data is kept (`--manage-kubeconfig`).
     pub manage_kubeconfig: Vec<ManageSpec>,
     /// Run after a managed kubeconfig gained a CA (`--kubeconfig-hook`, or
-    /// `--kubeconfig-restart-unit`).
+    /// `--kubeconfig-restart-request`).
     pub kubeconfig_hook: Option<KubeconfigHook>,
 }
 
@@ -173,8 +173,9 @@ pub struct ExecCommand(pub Vec<String>);
 pub enum KubeconfigHook {
     /// `--kubeconfig-hook`: a command (its program and arguments).
     Command(Vec<String>),
-    /// `--kubeconfig-restart-unit`: a systemd unit restarted over D-Bus.
-    RestartUnit(String),
+    /// `--kubeconfig-restart-request`: the directory where the host's path unit takes the
+    /// kubelet's restart requests.
+    Request(PathBuf),
 }
 
 /// `run`: the node daemon.

@@ -163,16 +163,16 @@ fn run_with(
     }
 }
 
-/// Restarts `unit` through systemd's D-Bus API (`--kubeconfig-restart-unit`), logging how it
-/// ended. Returns whether it succeeded.
-fn restart_unit(unit: &str, timeout: Duration, stop: &dyn Fn() -> bool) -> bool {
-    match crate::unit_restart::restart(unit, timeout, stop) {
+/// Asks the host to restart the kubelet (`--kubeconfig-restart-request`), logging how it
+/// ended; `note` is told why it is pending meanwhile. Returns whether it succeeded.
+fn restart_kubelet(dir: &Path, stop: &dyn Fn() -> bool, note: &dyn Fn(Option<String>)) -> bool {
+    match crate::kubelet_restart::restart(dir, stop, note) {
         Ok(()) => {
-            tracing::info!(unit, "kubeconfig-restart-unit: systemd restarted the unit");
+            tracing::info!(dir = %dir.display(), "the host restarted the kubelet");
             true
         }
         Err(error) => {
-            tracing::warn!(unit, %error, "kubeconfig-restart-unit failed");
+            tracing::warn!(%error, "the kubelet's restart failed");
             false
         }
     }
@@ -204,6 +204,8 @@ struct Queue {
     /// A kubeconfig's hook: the kubelet's restart after the last CA added, `None` until
     /// one was added.
     restart: Option<Restart>,
+    /// Why that restart is pending, when the host has not taken it.
+    restart_note: Option<String>,
 }
 
 /// What a hook is run for.
@@ -211,7 +213,7 @@ struct Queue {
 enum Kind {
     /// The bundle (`--exec-on-change`): a failure is counted, never retried.
     Bundle(PathBuf),
-    /// A managed kubeconfig (`--kubeconfig-hook`, `--kubeconfig-restart-unit`): a failure
+    /// A managed kubeconfig (`--kubeconfig-hook`, `--kubeconfig-restart-request`): a failure
     /// is counted and retried.
     Kubeconfig(PathBuf),
 }
@@ -243,7 +245,7 @@ impl Hooks {
         )
     }
 
-    /// Starts the runner of `--kubeconfig-hook` (or `--kubeconfig-restart-unit`) for the
+    /// Starts the runner of `--kubeconfig-hook` (or `--kubeconfig-restart-request`) for the
     /// kubeconfig at `path`; `ran` is called after each run, once [`Hooks::restart`] says
     /// how it ended.
     pub fn start_for_kubeconfig(
@@ -303,8 +305,14 @@ impl Hooks {
                         KubeconfigHook::Command(command) => {
                             run_with(command, &env, what, timeout, &stopping)
                         }
-                        KubeconfigHook::RestartUnit(unit) => {
-                            restart_unit(unit, timeout, &stopping)
+                        KubeconfigHook::Request(dir) => {
+                            let note = |why: Option<String>| {
+                                if let Ok(mut queue) = lock.lock() {
+                                    queue.restart_note = why;
+                                }
+                                ran();
+                            };
+                            restart_kubelet(dir, &stopping, &note)
                         }
                     };
                     if let Kind::Kubeconfig(_) = kind {
@@ -373,6 +381,12 @@ impl Hooks {
     pub fn restart(&self) -> Option<Restart> {
         let (lock, _) = &*self.queue;
         lock.lock().ok().and_then(|q| q.restart)
+    }
+
+    /// Why the kubelet's restart is pending, when the host has not taken the request.
+    pub fn restart_note(&self) -> Option<String> {
+        let (lock, _) = &*self.queue;
+        lock.lock().ok().and_then(|q| q.restart_note.clone())
     }
 }
 

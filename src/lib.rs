@@ -7,6 +7,7 @@ pub mod bundle;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod confine;
 pub mod credentials;
 pub mod daemon;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod fleet;
 pub mod fsutil;
 pub mod kubeconfig;
 pub mod kubelet_config;
+pub mod kubelet_restart;
 pub mod logging;
 pub mod metrics;
 pub mod publish;
@@ -31,7 +33,7 @@ pub mod targets;
 #[cfg(test)]
 mod testlog;
 pub mod text;
-pub mod unit_restart;
+
 pub mod writer;
 
 use std::io::Write;

@@ -716,6 +716,11 @@ async fn live(State(app): State<App>) -> Response {
     }
 }
 
+/// How a check neither passed nor failed is said: waiting for something, or not known.
+fn undecided(check: &Check) -> &'static str {
+    if check.pending { "pending" } else { "unknown" }
+}
+
 async fn ready(
     State(app): State<App>,
     Query(query): Query<std::collections::HashMap<String, String>>,
@@ -774,9 +779,13 @@ async fn ready(
     for check in checks {
         let name = escape(&check.name);
         let counted = if check.counted { "" } else { " (not counted)" };
+        let word = undecided(&check);
         match check.problem {
             None => match &check.warning {
-                None => body.push_str(&format!("[+]{name} ok\n")),
+                None => match &check.detail {
+                    Some(detail) => body.push_str(&format!("[+]{name} ok: {}\n", escape(detail))),
+                    None => body.push_str(&format!("[+]{name} ok\n")),
+                },
                 Some(warning) if detailed => body.push_str(&format!(
                     "[+]{name} ok, with a warning: {}\n",
                     escape(warning)
@@ -787,11 +796,13 @@ async fn ready(
             },
             // Not known: neither [+] nor [-], and never counted for readiness.
             Some(why) if check.unknown && detailed => body.push_str(&format!(
-                "[?]{name} unknown: {} (not counted)\n",
+                "[?]{name} {}: {} (not counted)\n",
+                word,
                 escape(&why)
             )),
             Some(_) if check.unknown => body.push_str(&format!(
-                "[?]{name} unknown: reason withheld (not counted)\n"
+                "[?]{name} {}: reason withheld (not counted)\n",
+                word
             )),
             Some(why) if detailed => {
                 body.push_str(&format!("[-]{name} failed: {}{counted}\n", escape(&why)))

@@ -66,6 +66,8 @@ pub struct Status {
     /// For a managed kubeconfig with a restart hook: the kubelet's restart after the last
     /// CA it gained (`None` when none was needed since the agent started).
     pub restart: Option<Restart>,
+    /// Why that restart is pending, when the host has not taken the request.
+    pub restart_note: Option<String>,
     /// For a registry CA file: the directory of its `--manage-registries` set.
     pub registry_set: Option<String>,
     /// Checks of the loop that concern no one file, and never fail readiness: each
@@ -100,9 +102,14 @@ pub struct Check {
     /// The problem is that the agent cannot tell (`problem` says why): said as unknown,
     /// neither ok nor failed, and never counted.
     pub unknown: bool,
+    /// Not done yet, and not failed (`problem` says what it waits for): said as pending,
+    /// never counted.
+    pub pending: bool,
     /// It passes, with something the operator should see (an expired certificate the
     /// sources still carry beside valid ones).
     pub warning: Option<String>,
+    /// What it found, said after "ok" when it passes (what the confinement holds).
+    pub detail: Option<String>,
 }
 
 impl Check {
@@ -113,7 +120,9 @@ impl Check {
             problem,
             counted: true,
             unknown: false,
+            pending: false,
             warning: None,
+            detail: None,
         }
     }
 
@@ -124,7 +133,9 @@ impl Check {
             problem,
             counted: false,
             unknown: false,
+            pending: false,
             warning: None,
+            detail: None,
         }
     }
 
@@ -135,8 +146,24 @@ impl Check {
             problem: Some(why),
             counted: false,
             unknown: true,
+            pending: false,
             warning: None,
+            detail: None,
         }
+    }
+
+    /// A check that waits for something, and what: shown as pending, never counted.
+    pub fn pending(name: String, why: String) -> Check {
+        Check {
+            pending: true,
+            ..Check::unknown(name, why)
+        }
+    }
+
+    /// The same check, saying `detail` after "ok" when it passes.
+    pub fn detailed(mut self, detail: String) -> Check {
+        self.detail = Some(detail);
+        self
     }
 
     /// The same check, passing with `warning` when there is one.
@@ -233,6 +260,27 @@ impl Status {
         [valid, in_sync]
     }
 
+    /// A managed kubeconfig's `kubelet-restart:PATH`, once a restart was needed: never
+    /// counted, pending (with why, when the host has not taken it) until it is done.
+    fn restart_check(&self) -> Option<Check> {
+        let name = format!("kubelet-restart:{}", self.bundle_path);
+        Some(match self.restart? {
+            Restart::Done => Check::shown(name, None),
+            Restart::Failed => Check::shown(
+                name,
+                Some("the last restart failed; it is asked again with backoff".into()),
+            ),
+            Restart::Pending => Check::pending(
+                name,
+                self.restart_note
+                    .clone()
+                    .unwrap_or_else(|| "pending: under way".into())
+                    .trim_start_matches("pending: ")
+                    .to_string(),
+            ),
+        })
+    }
+
     /// The readiness checks, in order. Only the file's own validity and sync count for
     /// readiness; every other check is shown for the operator and the alerts.
     pub fn checks(&self) -> Vec<Check> {
@@ -255,6 +303,7 @@ impl Status {
         // each.
         for other in &self.others {
             checks.extend(other.file_checks(false, |name| format!("{name}:{}", other.bundle_path)));
+            checks.extend(other.restart_check());
         }
         checks.extend(
             self.notes

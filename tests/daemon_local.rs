@@ -543,7 +543,8 @@ fn exec_on_change_runs_after_each_replace_and_failures_are_counted() {
         Signer::new("b", Algorithm::P256),
     );
     let source = node.source("signers.pem", a.pem());
-    let marker = node.root().join("hook-ran");
+    // In the state directory: a hook runs inside the agent's confinement.
+    let marker = node.state_dir().join("hook-ran");
     let hook = format!(
         "sh -c 'cat \"$KUBELET_CA_BUNDLE\" > {}; exit 3'",
         marker.display()

@@ -17,7 +17,7 @@ use base64::engine::general_purpose::STANDARD;
 use common::apiserver::ApiServer;
 use common::daemon::{Agent, check_line, eventually, samples, wait_until};
 use common::pki::{Algorithm, Signer};
-use common::systemd::FakeSystemd;
+use common::systemd::FakeHost;
 use common::{Node, sha256_hex};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -533,49 +533,40 @@ fn sync_adds_at_once_and_removes_only_once_the_server_verifies() {
     assert_eq!(ca_data(&kubelet.kubeconfig), next);
 }
 
-/// A node whose kubeconfig is in sync, and an agent that restarts `unit` through a stand-in
-/// for systemd on a bus of its own (each job takes 0.2 s).
-fn restarting(unit: &str) -> (ApiServer, Kubelet, FakeSystemd, Agent) {
-    restarting_with(unit, SECOND / 5, &[])
+/// A node whose kubeconfig is in sync, and an agent that asks the host to restart the
+/// kubelet through the request directory, where a stand-in for the host's path unit takes
+/// each request (each restart taking 0.2 s).
+fn restarting() -> (ApiServer, Kubelet, FakeHost, Agent) {
+    restarting_with(SECOND / 5, &[])
 }
 
-/// [`restarting`], each job taking `takes`, with `extra` flags.
-fn restarting_with(
-    unit: &str,
-    takes: Duration,
-    extra: &[&str],
-) -> (ApiServer, Kubelet, FakeSystemd, Agent) {
+/// [`restarting`], each restart taking `takes`, with `extra` flags.
+fn restarting_with(takes: Duration, extra: &[&str]) -> (ApiServer, Kubelet, FakeHost, Agent) {
     let api = ApiServer::start();
     let kubelet = Kubelet::new(&api.url(), &api.ca_pem());
-    let systemd = FakeSystemd::start(&kubelet.node.root().join("run/dbus"), takes);
-    let address = systemd.address.clone();
-    let mut args = vec!["--kubeconfig-restart-unit", unit];
+    let host = FakeHost::start(&kubelet.node.root().join("run/kubelet-restart"), takes);
+    let dir = host.dir.to_str().unwrap().to_string();
+    let mut args = vec!["--kubeconfig-restart-request", dir.as_str()];
     args.extend_from_slice(extra);
-    let agent = kubelet.start_with(&args, |cmd| {
-        cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &address);
-    });
+    let agent = kubelet.start_with(&args, |_| {});
     wait_until(10 * SECOND, || {
         kubelet.in_sync_line(&agent).starts_with("[+]")
     });
-    (api, kubelet, systemd, agent)
+    (api, kubelet, host, agent)
 }
 
 #[test]
-fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed_job_is_retried() {
-    let (api, kubelet, systemd, agent) = restarting("kubelet.service");
+fn the_kubelets_restart_is_asked_of_the_host_once_per_addition_and_a_failed_one_is_retried() {
+    let (api, kubelet, host, agent) = restarting();
     let old = api.ca_pem();
-    assert!(systemd.calls().is_empty(), "no CA added, no restart");
+    assert_eq!(host.taken(), 0, "no CA added, no restart");
 
-    // The next serving CA is added: one restart of the kubelet, as systemctl restart asks it.
+    // The next serving CA is added: one restart of the kubelet, asked of the host.
     let next = api.next_serving_ca();
     write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
-    wait_until(5 * SECOND, || !systemd.calls().is_empty());
-    assert_eq!(
-        systemd.calls(),
-        [("kubelet.service".to_string(), "replace".to_string())]
-    );
+    wait_until(5 * SECOND, || host.taken() == 1);
     wait_until(5 * SECOND, || {
-        agent.log().contains("systemd restarted the unit")
+        agent.log().contains("the host restarted the kubelet")
     });
     let failures = || {
         agent
@@ -583,34 +574,42 @@ fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed
             .unwrap_or(0.0)
     };
     assert_eq!(failures(), 0.0);
+    let page = agent.get("/readyz?verbose").unwrap().1;
+    assert!(
+        page.contains(&format!(
+            "[+]kubelet-restart:{} ok",
+            kubelet.kubeconfig.display()
+        )),
+        "{page}"
+    );
 
-    // A job that ends "failed" (the kubelet did not start) is a failure: counted, logged
-    // with the result, and the restart asked again after a backoff (1 s, then 2 s), never
-    // in a loop; once a job is done, no more.
-    systemd.set_result("failed");
+    // A restart that ends otherwise (the kubelet did not start) is a failure: counted,
+    // logged in systemd's words, and asked again after a backoff (1 s, then 2 s), never in
+    // a loop; once one is done, no more.
+    host.set_result("exit-code exited 1");
     let third = Signer::new("third-ca", Algorithm::P256).pem();
     write_atomically(&kubelet.source, format!("{old}{next}{third}").as_bytes());
     wait_until(10 * SECOND, || failures() >= 2.0);
     assert!(
         agent
             .log()
-            .contains(r#"systemd's restart of kubelet.service ended with "failed""#),
+            .contains(r#"the host's kubelet restart ended with "exit-code exited 1""#),
         "{}",
         agent.log()
     );
-    systemd.set_result("done");
+    host.set_result("success exited 0");
     let calls = wait_until(10 * SECOND, || {
-        agent.log().matches("systemd restarted the unit").count() == 2
+        agent
+            .log()
+            .matches("the host restarted the kubelet")
+            .count()
+            == 2
     });
-    eprintln!("the restart went through {calls:?} after its jobs stopped failing");
-    let made = systemd.calls().len();
-    assert!(
-        (3..=4).contains(&made),
-        "{made} restarts: {:?}",
-        systemd.calls()
-    );
+    eprintln!("the restart went through {calls:?} after it stopped failing");
+    let made = host.taken();
+    assert!((3..=4).contains(&made), "{made} restarts");
     std::thread::sleep(3 * SECOND);
-    assert_eq!(systemd.calls().len(), made, "no restart once one is done");
+    assert_eq!(host.taken(), made, "no restart once one is done");
     assert_eq!(
         agent.sample("kubelet_ca_kubeconfig_hook_failures_total", &[]),
         Some((made - 2) as f64)
@@ -618,22 +617,74 @@ fn the_restart_unit_is_asked_of_systemd_over_dbus_once_per_addition_and_a_failed
 }
 
 #[test]
-fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the_hook() {
-    let (api, kubelet, _systemd, agent) = restarting("missing.service");
-    let old = api.ca_pem();
-    let next = api.next_serving_ca();
-    write_atomically(&kubelet.source, format!("{old}{next}").as_bytes());
-    wait_until(5 * SECOND, || {
-        agent.log().contains("Unit missing.service not found.")
+fn a_restart_nothing_on_the_host_takes_is_pending_with_the_reason_until_the_path_unit_comes() {
+    let api = ApiServer::start();
+    let kubelet = Kubelet::new(&api.url(), &api.ca_pem());
+    let dir = kubelet.node.root().join("run/kubelet-restart");
+    let shown = dir.to_str().unwrap().to_string();
+    let agent = kubelet.start_with(&["--kubeconfig-restart-request", &shown], |_| {});
+    wait_until(10 * SECOND, || {
+        kubelet.in_sync_line(&agent).starts_with("[+]")
     });
-    let log = agent.log();
     assert!(
-        log.contains("systemd refused to restart missing.service"),
-        "{log}"
+        dir.is_dir(),
+        "the agent makes its request directory at start"
     );
-    drop(agent);
+    let next = api.next_serving_ca();
+    write_atomically(
+        &kubelet.source,
+        format!("{}{next}", api.ca_pem()).as_bytes(),
+    );
+    // Nothing takes the request: pending (never failed), naming the path unit.
+    let line = format!(
+        "[?]kubelet-restart:{} pending: ",
+        kubelet.kubeconfig.display()
+    );
+    let took = wait_until(15 * SECOND, || {
+        agent
+            .get("/readyz?verbose")
+            .is_some_and(|(_, page)| page.contains(&format!("{line}nothing on this host took")))
+    });
+    assert!(
+        took >= 9 * SECOND,
+        "said pending for want of a taker after {took:?}"
+    );
+    let page = agent.get("/readyz?verbose").unwrap().1;
+    assert!(
+        page.contains("kubelet-ca-agent-kubelet-restart.path enabled?")
+            && page.contains("(not counted)"),
+        "{page}"
+    );
+    assert_eq!(agent.get("/readyz").map(|(c, _)| c), Some(200), "{page}");
+    assert_eq!(
+        agent.sample("kubelet_ca_kubeconfig_hook_failures_total", &[]),
+        Some(0.0),
+        "waiting for the host is not a failure"
+    );
+    // The path unit is installed: it takes the waiting request, and the restart is done.
+    let host = FakeHost::start(&dir, SECOND / 5);
+    wait_until(5 * SECOND, || host.taken() == 1);
+    let done = format!("[+]kubelet-restart:{} ok", kubelet.kubeconfig.display());
+    wait_until(5 * SECOND, || {
+        agent
+            .get("/readyz?verbose")
+            .is_some_and(|(_, page)| page.contains(&done))
+    });
+}
 
-    for (flags, says) in [
+#[test]
+fn the_old_restart_unit_flag_is_read_as_the_request_and_other_units_are_refused() {
+    for (flags, code, says) in [
+        (
+            vec![
+                "--kubeconfig-restart-request",
+                "/run/x",
+                "--kubeconfig-hook",
+                "true",
+            ],
+            2,
+            "cannot be used with",
+        ),
         (
             vec![
                 "--kubeconfig-restart-unit",
@@ -641,15 +692,18 @@ fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the
                 "--kubeconfig-hook",
                 "true",
             ],
+            2,
             "cannot be used with",
         ),
         (
-            vec!["--kubeconfig-restart-unit", "kubelet"],
-            "give the full name",
+            vec!["--kubeconfig-restart-unit", "containerd.service"],
+            2,
+            "no longer restarts units itself",
         ),
         (
-            vec!["--kubeconfig-restart-unit", "kube let.service"],
-            "not a systemd unit name",
+            vec!["--kubeconfig-restart-unit", "kubelet"],
+            2,
+            "give the full name",
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubelet-ca-agent"))
@@ -659,48 +713,44 @@ fn a_restart_unit_systemd_does_not_know_is_named_and_the_flag_conflicts_with_the
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(code), "{flags:?}: {stderr}");
         assert!(stderr.contains(says), "{flags:?}: {stderr}");
     }
 }
 
 #[test]
-fn a_restart_job_slower_than_the_hook_timeout_is_waited_for_not_asked_again_and_never_holds_a_stop()
-{
+fn a_restart_slower_than_the_hook_timeout_is_waited_for_not_asked_again_and_never_holds_a_stop() {
     // The kubelet takes 4 s to start, the hook's timeout is 1 s: asking again would restart
-    // it again. The agent waits for systemd's verdict instead.
-    let (api, kubelet, systemd, agent) = restarting_with(
-        "kubelet.service",
-        4 * SECOND,
-        &["--exec-on-change-timeout", "1s"],
-    );
+    // it again. The agent waits for the host's result instead.
+    let (api, kubelet, host, agent) =
+        restarting_with(4 * SECOND, &["--exec-on-change-timeout", "1s"]);
     let next = api.next_serving_ca();
     write_atomically(
         &kubelet.source,
         format!("{}{next}", api.ca_pem()).as_bytes(),
     );
     wait_until(10 * SECOND, || {
-        agent.log().contains("systemd restarted the unit")
+        agent.log().contains("the host restarted the kubelet")
     });
-    assert_eq!(systemd.calls().len(), 1, "{:?}", systemd.calls());
+    assert_eq!(host.taken(), 1);
     assert_eq!(
         agent.sample("kubelet_ca_kubeconfig_hook_failures_total", &[]),
         Some(0.0)
     );
 
-    // A stop while a restart job runs is not held up by it.
+    // A stop while a restart runs is not held up by it.
     let mut agent = agent;
     let third = Signer::new("third-ca", Algorithm::P256).pem();
     write_atomically(
         &kubelet.source,
         format!("{}{next}{third}", api.ca_pem()).as_bytes(),
     );
-    wait_until(5 * SECOND, || systemd.calls().len() == 2);
+    wait_until(5 * SECOND, || host.taken() == 2);
     let asked = std::time::Instant::now();
     agent.terminate();
     let took = asked.elapsed();
     assert!(
         took < 3 * SECOND,
-        "the stop waited {took:?} for the restart job"
+        "the stop waited {took:?} for the restart"
     );
 }

@@ -71,11 +71,7 @@ impl CommonArgs {
             manage: args.manage.clone(),
             manage_registries: args.manage_registries.clone(),
             manage_kubeconfig: args.manage_kubeconfig.clone(),
-            kubeconfig_hook: match (&args.kubeconfig_hook, &args.kubeconfig_restart_unit) {
-                (Some(command), _) => Some(KubeconfigHook::Command(command.0.clone())),
-                (None, Some(unit)) => Some(KubeconfigHook::RestartUnit(unit.clone())),
-                (None, None) => None,
-            },
+            kubeconfig_hook: kubeconfig_hook(args)?,
         };
         check_managed_paths(&common).map_err(UsageError)?;
         if let Some(command) = &common.exec_on_change {
@@ -86,6 +82,34 @@ impl CommonArgs {
                 .map_err(|e| UsageError(format!("--kubeconfig-hook: {e}")))?;
         }
         Ok(common)
+    }
+}
+
+/// What is done after a managed kubeconfig gained a CA: `--kubeconfig-hook`, or the
+/// kubelet's restart asked of the host. The old `--kubeconfig-restart-unit kubelet.service`
+/// (which had the agent itself hold systemd's bus) is read as the request, with a warning;
+/// another unit is refused.
+fn kubeconfig_hook(args: &CommonArgs) -> Result<Option<KubeconfigHook>, UsageError> {
+    if let Some(command) = &args.kubeconfig_hook {
+        return Ok(Some(KubeconfigHook::Command(command.0.clone())));
+    }
+    if let Some(dir) = &args.kubeconfig_restart_request {
+        return Ok(Some(KubeconfigHook::Request(dir.clone())));
+    }
+    match args.kubeconfig_restart_unit.as_deref() {
+        None => Ok(None),
+        Some("kubelet.service") => {
+            tracing::warn!(
+                "--kubeconfig-restart-unit is replaced by --kubeconfig-restart-request: the agent no longer holds systemd's bus; asking the host through {} (install kubelet-ca-agent-kubelet-restart.path: docs/operations.md)",
+                crate::kubelet_restart::DEFAULT_DIR
+            );
+            Ok(Some(KubeconfigHook::Request(
+                crate::kubelet_restart::DEFAULT_DIR.into(),
+            )))
+        }
+        Some(unit) => Err(UsageError(format!(
+            "--kubeconfig-restart-unit {unit}: the agent no longer restarts units itself (it never holds systemd's bus); the kubelet's restart is asked of the host with --kubeconfig-restart-request, and another command can run as --kubeconfig-hook"
+        ))),
     }
 }
 

@@ -193,6 +193,11 @@ impl Origin {
         }
     }
 
+    /// Whether the credentials are read from the kubeconfig at `path`.
+    pub fn names(&self, path: &Path) -> bool {
+        matches!(self, Origin::Kubeconfig { paths, .. } if paths.iter().any(|p| p == path))
+    }
+
     /// What the origin is, for messages.
     pub fn describe(&self) -> String {
         match self {

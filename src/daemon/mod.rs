@@ -9,6 +9,7 @@
 
 pub mod reconciler;
 
+use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -33,10 +34,134 @@ pub fn run(args: config::Run) -> anyhow::Result<Exit> {
     let mut claimed = args.common.managed_paths();
     claimed.extend(args.common.registry_dirs());
     let _claim = running::claim(&args.common.state_dir, &claimed)?;
-    crate::runtime::build()?.block_on(run_async(args))
+    let origins = Origins::resolve(&args)?;
+    // Before any thread exists: every thread and hook after this is confined.
+    let confined = confine(&args, &origins);
+    crate::runtime::build()?.block_on(run_async(args, origins, confined))
 }
 
-async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
+/// The confinement in force, and the plan it was built from.
+struct Confined {
+    enforced: crate::confine::Enforced,
+    plan: crate::confine::Plan,
+}
+
+/// How often the agent looks whether what it needs is still within its confinement.
+const CONFINEMENT_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Tells `outgrown` once what the agent needs now that its confinement cannot give (a
+/// place replaced or new since start, a port): a node's first boot, where the kubelet's
+/// credentials appear in a directory that did not exist, or a directory deleted and made
+/// again. Looks every [`CONFINEMENT_CHECK`].
+async fn watch_confinement(
+    args: config::Run,
+    origins: Vec<Origin>,
+    confined: Confined,
+    outgrown: mpsc::UnboundedSender<String>,
+) {
+    let state = Arc::new((args, origins, confined));
+    loop {
+        tokio::time::sleep(CONFINEMENT_CHECK).await;
+        let state = state.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let (args, origins, confined) = &*state;
+            let known: Vec<&Origin> = origins.iter().collect();
+            let facts = crate::confine::Facts::gather(args, &known);
+            let now = crate::confine::plan(args, &facts);
+            let seen = crate::confine::identities(
+                now.paths
+                    .iter()
+                    .chain(&confined.plan.paths)
+                    .map(|r| r.path.as_path()),
+            );
+            confined.plan.outgrown(&confined.enforced.held, &now, &seen)
+        })
+        .await;
+        match found {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                tracing::error!(%why, "the confinement no longer covers what the agent needs");
+                let _ = outgrown.send(why);
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// Where the credentials come from: the sources' (and the webhooks'), and the report's when
+/// it has its own.
+struct Origins {
+    sources: Option<Origin>,
+    report: Option<Origin>,
+}
+
+impl Origins {
+    fn resolve(args: &config::Run) -> anyhow::Result<Origins> {
+        let webhooks =
+            args.server.authentication_token_webhook || args.server.authorization_webhook;
+        let sources = if webhooks || args.common.all_sources().iter().any(|s| s.is_cluster()) {
+            Some(Origin::resolve(args.common.kubeconfig.as_deref()).map_err(UsageError)?)
+        } else {
+            None
+        };
+        let report = match args.report.as_ref().and_then(|r| r.kubeconfig.as_ref()) {
+            Some(path) if sources.is_none() || Some(path) != args.common.kubeconfig.as_ref() => {
+                Some(Origin::resolve(Some(path)).map_err(UsageError)?)
+            }
+            _ => None,
+        };
+        Ok(Origins { sources, report })
+    }
+}
+
+/// Confines the agent to what `args` needs (SPEC 13).
+fn confine(args: &config::Run, origins: &Origins) -> Confined {
+    if let Some(config::KubeconfigHook::Request(dir)) = &args.common.kubeconfig_hook
+        && !dir.is_dir()
+    {
+        // Made now, while it can be: a directory that appears later is outside the rules.
+        let made = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir);
+        if let Err(e) = made {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the kubelet's restart request directory; the restart stays pending until it exists and the agent is restarted");
+        }
+    }
+    let known: Vec<&Origin> = origins.sources.iter().chain(&origins.report).collect();
+    let facts = crate::confine::Facts::gather(args, &known);
+    let plan = crate::confine::plan(args, &facts);
+    for rule in &plan.paths {
+        tracing::debug!(path = %rule.path.display(), access = ?rule.access, why = %rule.why, "confinement: may touch");
+    }
+    for (port, why) in &plan.connect {
+        tracing::debug!(port, why = %why, "confinement: may connect");
+    }
+    let enforced = crate::confine::enforce(&plan);
+    for path in &enforced.missing {
+        tracing::debug!(path = %path.display(), "confinement: not there at start");
+    }
+    Confined { enforced, plan }
+}
+
+/// Says at start what the confinement holds.
+fn tell_confinement(enforced: &crate::confine::Enforced) {
+    match enforced.warning() {
+        None => {
+            tracing::info!(confinement = %enforced.summary(), "confined to what the configuration needs")
+        }
+        Some(warning) => {
+            tracing::warn!(confinement = %enforced.summary(), %warning, "confined only in part")
+        }
+    }
+}
+
+async fn run_async(
+    args: config::Run,
+    origins: Origins,
+    confined: Confined,
+) -> anyhow::Result<Exit> {
     let node = args.server.node_name.clone();
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -45,6 +170,7 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
         sources = %args.common.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
         "starting"
     );
+    tell_confinement(&confined.enforced);
     for manage in &args.common.manage {
         tracing::info!(file = %manage.path.display(), sources = %manage.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","), "also managing");
     }
@@ -60,17 +186,29 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
     // The credentials are followed for as long as the agent runs: missing (a new node whose
     // kubelet has not bootstrapped yet), half written or refused, they hold back the
     // cluster sources only, never the file on disk or the endpoint.
-    let webhooks = args.server.authentication_token_webhook || args.server.authorization_webhook;
     let sources = args.common.all_sources();
-    let credentials = if webhooks || sources.iter().any(|s| s.is_cluster()) {
-        let origin = Origin::resolve(args.common.kubeconfig.as_deref()).map_err(UsageError)?;
+    let known: Vec<Origin> = origins
+        .sources
+        .iter()
+        .chain(&origins.report)
+        .cloned()
+        .collect();
+    let credentials = origins.sources.map(|origin| {
         tracing::info!(credentials = %origin.describe(), "credentials for the API server chosen");
-        Some(Credentials::follow(origin))
-    } else {
-        None
-    };
-    let report = report_credentials(args.report.as_ref(), credentials.as_ref(), &args.common)?;
+        Credentials::follow(origin)
+    });
+    let report = report_credentials(args.report.as_ref(), credentials.as_ref(), origins.report);
     let (report_check, report_check_rx) = watch::channel(None);
+    let (_confinement, confinement_rx) = watch::channel(Some(confined.enforced.check()));
+    let (outgrown_tx, outgrown) = mpsc::unbounded_channel();
+    if confined.enforced.abi.is_some() {
+        tokio::spawn(watch_confinement(
+            args.clone(),
+            known,
+            confined,
+            outgrown_tx,
+        ));
+    }
 
     // Listen first: a port in use is a configuration error, and health answers early.
     let endpoint = Endpoint::start(
@@ -80,7 +218,7 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
         metrics.clone(),
         status_rx.clone(),
         liveness,
-        vec![report_check_rx],
+        vec![confinement_rx, report_check_rx],
     )
     .await?;
 
@@ -143,6 +281,7 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
             pongs,
             sigterm,
             sigint,
+            outgrown,
         })
         .await?;
     Ok(Exit::Success)
@@ -154,26 +293,21 @@ async fn run_async(args: config::Run) -> anyhow::Result<Exit> {
 fn report_credentials(
     report: Option<&config::NodeReport>,
     sources: Option<&Credentials>,
-    common: &config::Common,
-) -> anyhow::Result<Option<Credentials>> {
+    own: Option<Origin>,
+) -> Option<Credentials> {
     let Some(report) = report else {
         tracing::info!("the node report is off (--no-node-report)");
-        return Ok(None);
+        return None;
     };
-    match (&report.kubeconfig, sources) {
-        (Some(path), Some(sources)) if Some(path) == common.kubeconfig.as_ref() => {
-            Ok(Some(sources.clone()))
-        }
-        (Some(path), _) => {
-            let origin = Origin::resolve(Some(path)).map_err(UsageError)?;
-            Ok(Some(Credentials::follow(origin)))
-        }
-        (None, Some(sources)) => Ok(Some(sources.clone())),
+    match (own, sources) {
+        (Some(origin), _) => Some(Credentials::follow(origin)),
+        (None, Some(sources)) => Some(sources.clone()),
         (None, None) => {
+            debug_assert!(report.kubeconfig.is_none());
             tracing::info!(
                 "the node report is off: no source talks to the cluster (set --report-kubeconfig to report what this node holds anyway)"
             );
-            Ok(None)
+            None
         }
     }
 }

@@ -43,6 +43,10 @@ pub struct Inputs {
     /// also ends in a clean exit.
     pub sigterm: Signal,
     pub sigint: Signal,
+    /// Why the confinement no longer covers what the agent needs (a place replaced or new
+    /// since start): the loop ends with that error, after the pass in progress, so that the
+    /// supervisor starts a new agent, confined anew.
+    pub outgrown: mpsc::UnboundedReceiver<String>,
 }
 
 /// The loop's state: the targets, and what is the loop's own (the re-verification,
@@ -143,6 +147,7 @@ impl Reconciler {
         let mut next_watchdog = watchdog_every.map(|every| Instant::now() + every);
         let mut updates_open = true;
         let mut kubelet_reads = self.kubelet.take_results();
+        let mut ended = Ok(());
         loop {
             let boundary_at = Instant::now() + self.next_boundary();
             let deadline = [Some(boundary_at), Some(self.verify_at), next_watchdog]
@@ -166,6 +171,12 @@ impl Reconciler {
                 _ = sleep_until(deadline.into()) => {}
                 _ = inputs.sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
                 _ = inputs.sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
+                Some(why) = inputs.outgrown.recv() => {
+                    ended = Err(anyhow::anyhow!(
+                        "the agent's confinement no longer covers what it needs: {why}; exiting so that its supervisor (systemd, the kubelet) starts it again, confined to what is there now"
+                    ));
+                    break;
+                }
             }
             // Take whatever else is queued, so that a burst costs one pass.
             while let Ok(update) = inputs.updates.try_recv() {
@@ -194,7 +205,7 @@ impl Reconciler {
         }
         self.kubelet.give_back(kubelet_reads);
         self.notifier.stopping();
-        Ok(())
+        ended
     }
 
     /// Target `index` finished work off the loop: it calls for a pass.
@@ -553,6 +564,7 @@ mod loop_tests {
             pongs,
             sigterm: signal(SignalKind::terminate()).unwrap(),
             sigint: signal(SignalKind::interrupt()).unwrap(),
+            outgrown: mpsc::unbounded_channel().1,
         };
         // Paused time: the loop runs until it waits, then the clock jumps to the earliest
         // timer, this one, well before the source's quiet second is up.

@@ -1167,6 +1167,7 @@ impl Publisher {
             removal_held: None,
             held_back: Vec::new(),
             restart: None,
+            restart_note: None,
             registry_set: None,
             notes: {
                 let mut notes = self.notes();
@@ -1295,6 +1296,7 @@ impl Publisher {
                 removal_held: None,
                 held_back: Vec::new(),
                 restart: None,
+                restart_note: None,
                 registry_set: None,
                 notes: Vec::new(),
                 other_sources: Vec::new(),

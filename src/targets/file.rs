@@ -621,6 +621,7 @@ impl Managed {
             removal_held: None,
             held_back: Vec::new(),
             restart: None,
+            restart_note: None,
             registry_set: None,
             notes: Vec::new(),
             other_sources: Vec::new(),

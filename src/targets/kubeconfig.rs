@@ -573,6 +573,7 @@ impl Kept for Kubeconfig {
     fn report(&self, report: &mut Report) {
         let mut status = self.status.clone();
         status.restart = self.hooks.as_ref().and_then(Hooks::restart);
+        status.restart_note = self.hooks.as_ref().and_then(Hooks::restart_note);
         report.files.push(status);
     }
 

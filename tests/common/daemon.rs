@@ -195,6 +195,29 @@ impl Agent {
     }
 
     /// Waits until the HTTP endpoint answers.
+    /// On a kernel with Landlock, waits (up to 20 s) for the agent to exit 1 because its
+    /// confinement no longer covers what it needs, its log naming `what` (a place replaced or
+    /// new since start, a port): a new agent is then started as its supervisor would, and
+    /// true is returned. Without Landlock the agent carries on: false.
+    pub fn exits_when_outgrown(&mut self, what: &str) -> bool {
+        let page = self
+            .get("/readyz?verbose")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        if !page.contains("[+]confinement ok: Landlock") {
+            return false;
+        }
+        let status = wait_for_exit(&mut self.child, Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("the agent goes on without {what}: {}", self.log()));
+        let log = self.log();
+        assert_eq!(status.code(), Some(1), "{log}");
+        assert!(
+            log.contains("confinement no longer covers what it needs") && log.contains(what),
+            "{log}"
+        );
+        true
+    }
+
     pub fn wait_listening(&self) {
         wait_until(Duration::from_secs(10), || self.get("/livez").is_some());
     }
@@ -276,6 +299,20 @@ pub const WITHOUT_INOTIFY: [&str; 6] = [
 ];
 
 /// Polls `condition` every 5 ms until it holds; panics after `limit`. Returns how long it took.
+/// The child's exit status once it exits, or None after `limit`.
+pub fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().ok().flatten() {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
     while !condition() {
