@@ -4,8 +4,11 @@
 #   - systemd/: systemd-analyze verify of every unit and drop-in, systemd-analyze security
 #     --offline=yes (the agent's unit at most 1.8, the kubelet-restart service at most 0.7),
 #     the hidden paths against those the agent needs, cloud-ca.conf's list against the
-#     unit's, and scripts/check-restart-unit.sh (the restart service's command lines run as
-#     systemd runs them, against links planted by a taken-over agent);
+#     unit's, scripts/check-restart-unit.sh (the restart service's command lines run as
+#     systemd runs them, against links planted by a taken-over agent), and
+#     scripts/check-units-live.sh (the units under a real systemd in namespaces: what the
+#     agent's sandbox hides and drops, the restart end to end, the agent itself when a
+#     debug build is there);
 #   - Containerfile: a static release build, the image built with buildah (vfs, no
 #     daemon) under 15 MB, then `version` and a `sync` into a mounted directory run in it;
 #   - deploy/: the base and every overlay rendered with kustomize (kubectl kustomize, or a
@@ -130,6 +133,15 @@ PY
 echo "hidden paths: the control plane's secrets, the runtimes and the bus, none the agent needs; cloud-ca.conf agrees"
 step "systemd: the kubelet's restart, run as systemd runs it"
 scripts/check-restart-unit.sh
+# The units under a real systemd booted in namespaces of its own (skipped, saying why,
+# where that cannot be done); with the agent the tests built, when there is one.
+step "systemd: the units under systemd"
+debug_binary=${CARGO_TARGET_DIR:-target}/debug/kubelet-ca-agent
+if [ -x "$debug_binary" ]; then
+  scripts/check-units-live.sh --binary "$debug_binary"
+else
+  scripts/check-units-live.sh
+fi
 
 # --- deploy/ -----------------------------------------------------------------------------
 step "deploy: render, validate, check"
