@@ -110,6 +110,9 @@ try "list /var/lib/etcd" ls /var/lib/etcd
 try "read a pod's token" cat /var/lib/kubelet/pods/p1/token
 try "read /var/lib/kubelet/pki" ls /var/lib/kubelet/pki
 try "read /var/lib/kubelet/config.yaml" cat /var/lib/kubelet/config.yaml
+try "write in /var/lib/kubelet" sh -c 'echo x > /var/lib/kubelet/.probe && rm /var/lib/kubelet/.probe'
+try "write /var/lib/kubelet/config.yaml" sh -c 'echo x >> /var/lib/kubelet/config.yaml'
+try "write in /var/lib/kubelet/pki" sh -c 'echo x > /var/lib/kubelet/pki/.probe && rm /var/lib/kubelet/pki/.probe'
 try "create /etc/cron.d/evil" touch /etc/cron.d/evil
 try "create /etc/systemd/system/evil.service" touch /etc/systemd/system/evil.service
 try "replace admin.conf by rename" sh -c 'echo x > /etc/kubernetes/.a && mv -f /etc/kubernetes/.a /etc/kubernetes/admin.conf; r=$?; rm -f /etc/kubernetes/.a; exit $r'
@@ -281,7 +284,8 @@ expect denied "read /etc/kubernetes/pki/ca.key" "read /etc/kubernetes/admin.conf
   "create /etc/systemd/system/evil.service" "replace admin.conf by rename" \
   "connect /run/dbus/system_bus_socket" "connect /run/systemd/private" \
   "connect /run/containerd/containerd.sock" "connect 10.99.0.9:6443 (not allowed)" \
-  "systemctl restart kubelet"
+  "systemctl restart kubelet" "write in /var/lib/kubelet" "write /var/lib/kubelet/config.yaml" \
+  "write in /var/lib/kubelet/pki"
 expect ALLOWED "read /var/lib/kubelet/pki" "read /var/lib/kubelet/config.yaml" \
   "write in /etc/kubernetes" "write in the restart directory" "write in the state directory" \
   "connect /run/systemd/notify" "connect 127.0.0.1:6443" "connect 10.99.0.1:6443 (allowed)"
@@ -293,6 +297,13 @@ probe
 expect ALLOWED "read the cloud CA" "write the cloud CA's directory"
 expect denied "read a static pod secret" "read /etc/kubernetes/pki/ca.key" "connect /run/dbus/system_bus_socket"
 echo "with cloud-ca.conf: the cloud CA's directory readable and writable, the static pods' secrets still hidden"
+# The drop-in of an OpenShift node whose kubelet kubeconfig the unit keeps.
+inside bash -c 'printf "[Service]\nReadWritePaths=/var/lib/kubelet\n" > /etc/systemd/system/kubelet-ca-agent.service.d/kubelet-dir.conf && systemctl daemon-reload'
+probe
+expect ALLOWED "write in /var/lib/kubelet"
+expect denied "write /var/lib/kubelet/config.yaml" "write in /var/lib/kubelet/pki" "read a pod's token"
+echo "with /var/lib/kubelet writable: its config.yaml and pki/ still read-only, the pods still hidden"
+inside rm /etc/systemd/system/kubelet-ca-agent.service.d/kubelet-dir.conf
 inside bash -c 'rm /etc/systemd/system/kubelet-ca-agent.service.d/cloud-ca.conf /run/systemd/system/kubelet-ca-agent.service.d/zz-probe.conf && systemctl daemon-reload && systemctl stop kubelet-ca-agent.service'
 sec=$(inside systemd-analyze security --no-pager kubelet-ca-agent.service | tail -n 1)
 echo "systemd-analyze security (online, with ip-allow.conf) kubelet-ca-agent.service: ${sec#*: }"
