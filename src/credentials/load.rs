@@ -293,6 +293,9 @@ pub struct Loaded {
     /// Where the client certificate came from, when there is one.
     pub client_certificate_origin: Option<String>,
     pub held: Vec<HeldCertificate>,
+    /// The Node a service account token bound to a Pod names (its claim
+    /// `kubernetes.io.node.name`, Kubernetes 1.30 and later).
+    pub token_node: Option<String>,
 }
 
 /// One reading of the credentials: the files that matter (to be watched, whether or not
@@ -550,11 +553,14 @@ impl Reader {
                 .map(|c| c.to_vec())
                 .collect(),
         );
+        let node = token_node(token.expose_secret());
         config.auth_info.token = Some(token);
         if !namespace.is_empty() {
             config.default_namespace = namespace;
         }
-        Ok(self.finish(config, server.to_string(), where_, None, held))
+        let mut loaded = self.finish(config, server.to_string(), where_, None, held);
+        loaded.token_node = node;
+        Ok(loaded)
     }
 
     fn finish(
@@ -577,6 +583,7 @@ impl Reader {
             ca_origin,
             client_certificate_origin,
             held,
+            token_node: None,
         }
     }
 }
@@ -737,6 +744,25 @@ fn pair(
     Ok(certificate)
 }
 
+/// The Node a service account token bound to a Pod names: the claim
+/// `kubernetes.io.node.name` of its payload, read, not verified (the API server verifies
+/// it, and its policy lets the token write that Node's report alone). None for a token that
+/// is not such a JWT.
+pub fn token_node(token: &str) -> Option<String> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let name = claims
+        .get("kubernetes.io")?
+        .get("node")?
+        .get("name")?
+        .as_str()?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
 fn token(bytes: &[u8], where_: &str) -> Result<SecretString, CredentialError> {
     let text = std::str::from_utf8(bytes)
         .ok()
@@ -754,6 +780,28 @@ fn token(bytes: &[u8], where_: &str) -> Result<SecretString, CredentialError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_bound_tokens_node_is_read_from_its_claims() {
+        use base64::Engine;
+        let jwt = |claims: &str| {
+            let part = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+            format!("{}.{}.signature", part(r#"{"alg":"RS256"}"#), part(claims))
+        };
+        let bound = r#"{"kubernetes.io":{"namespace":"kubelet-ca-agent","node":{"name":"worker-1","uid":"u"},"pod":{"name":"p"}}}"#;
+        assert_eq!(token_node(&jwt(bound)), Some("worker-1".into()));
+        assert_eq!(
+            token_node(&jwt(r#"{"kubernetes.io":{"pod":{"name":"p"}}}"#)),
+            None
+        );
+        assert_eq!(
+            token_node(&jwt(r#"{"kubernetes.io":{"node":{"name":""}}}"#)),
+            None
+        );
+        assert_eq!(token_node("not-a-jwt"), None);
+        assert_eq!(token_node("a.!!!.c"), None);
+        assert_eq!(token_node(&jwt("not json")), None);
+    }
 
     /// Writes at `path` a kubeconfig of one cluster (server https://127.0.0.1:6443, then
     /// the lines `cluster`) and one user (the lines `user`), current, and loads it.

@@ -118,6 +118,8 @@ pub struct Current {
     pub client_certificate_origin: Option<String>,
     /// The certificates of the client in use: the one it presents and the CAs it trusts.
     pub held: Arc<[HeldCertificate]>,
+    /// The Node its service account token names, when it is bound to a Pod.
+    pub token_node: Option<String>,
 }
 
 impl Current {
@@ -273,6 +275,7 @@ async fn follow(origin: Arc<Origin>, tx: watch::Sender<Arc<Current>>, stale: Arc
                                 ca_origin: Some(loaded.ca_origin),
                                 client_certificate_origin: loaded.client_certificate_origin,
                                 held: loaded.held.into(),
+                                token_node: loaded.token_node,
                             }));
                         }
                         Err(e) => report(

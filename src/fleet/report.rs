@@ -215,10 +215,13 @@ pub struct Reporter {
 }
 
 /// The Node the report goes to: `--node-name`, else the `system:node:NAME` of the
-/// credentials' client certificate.
+/// credentials' client certificate, else the Node their service account token is bound to.
 pub fn node_name(given: Option<&str>, current: &Current) -> Result<String, String> {
     if let Some(name) = given.filter(|n| !n.is_empty()) {
         return Ok(name.to_string());
+    }
+    if let (None, Some(node)) = (current.client_certificate(), &current.token_node) {
+        return Ok(node.clone());
     }
     match current.client_certificate() {
         Some(cert) => match cert.subject_cn.strip_prefix("system:node:") {
@@ -229,7 +232,7 @@ pub fn node_name(given: Option<&str>, current: &Current) -> Result<String, Strin
             )),
         },
         None if !current.read => Err("the credentials have not been read yet".to_string()),
-        None => Err("no node to report to: the credentials hold no client certificate naming a node (system:node:NAME); set --node-name, or --report-kubeconfig to the kubelet's kubeconfig".to_string()),
+        None => Err("no node to report to: the credentials hold no client certificate naming a node (system:node:NAME) and no token bound to a Pod on a node (Kubernetes 1.30 and later); set --node-name".to_string()),
     }
 }
 
@@ -719,6 +722,13 @@ mod tests {
         assert!(why.contains("the credentials are admin"), "{why}");
         current.held = vec![cert("system:node:")].into();
         assert!(node_name(None, &current).is_err());
+        // A service account token bound to a Pod names its node; a client certificate,
+        // when there is one, speaks first; the flag before both.
+        current.token_node = Some("worker-2".into());
+        assert!(node_name(None, &current).is_err());
+        current.held = Vec::new().into();
+        assert_eq!(node_name(None, &current), Ok("worker-2".into()));
+        assert_eq!(node_name(Some("other"), &current), Ok("other".into()));
     }
 
     #[test]
