@@ -502,7 +502,7 @@ pub fn registry(
     );
     registry.register(
         "kubelet_ca_kubeconfig_hook_failures",
-        "Failed runs of the --kubeconfig-hook command, or restarts of the --kubeconfig-restart-unit unit that systemd refused or that did not end done (each is run again with backoff)",
+        "Failed runs of the --kubeconfig-hook command, or, with --kubeconfig-restart-request, kubelet restarts the host reported failed, requests that could not be written and requests the host took but answered with no result within 15 minutes (each is asked again with backoff; a request nothing has taken is pending, not failed)",
         m.kubeconfig_hook_failures.clone(),
     );
     registry.register(
