@@ -61,10 +61,11 @@ if [ "$MODE" = unit ]; then
   # As systemd applies the unit: its writable paths first (ReadWritePaths=), then the
   # rest read-only (ProtectSystem=strict), then its masks (InaccessiblePaths=: an empty
   # directory or file of mode 000, read-only), and the one capability it keeps.
-  for p in $WRITABLE; do [ -e "$p" ] && mount --bind "$p" "$p"; done
-  for m in / /etc /var/lib /run; do mount -o remount,bind,ro "$m"; done
-  for p in $WRITABLE; do [ -e "$p" ] && mount -o remount,bind,rw "$p"; done
+  # (The test's own directory stays writable: its logs, not the agent's business.)
   mkdir -m 000 "$W/inaccessible-dir"; install -m 000 /dev/null "$W/inaccessible-reg"
+  for p in $WRITABLE "$W"; do [ -e "$p" ] && mount --bind "$p" "$p"; done
+  for m in / /etc /var/lib /run; do mount -o remount,bind,ro "$m"; done
+  for p in $WRITABLE "$W"; do [ -e "$p" ] && mount -o remount,bind,rw "$p"; done
   for p in $MASKS; do
     if [ -d "$p" ]; then mount --bind "$W/inaccessible-dir" "$p"; mount -o remount,bind,ro "$p"
     elif [ -e "$p" ]; then mount --bind "$W/inaccessible-reg" "$p"; mount -o remount,bind,ro "$p"; fi
@@ -190,7 +191,19 @@ fn signer(cn: &str) -> String {
 /// Runs the node in `mode`, attacks it, rotates its source, and returns the attempts, the
 /// agent's log and `/readyz?verbose`.
 fn attack(node: &Node, mode: &str) -> (Vec<String>, String, String) {
-    let w = node.work.path();
+    // Each way in a directory of its own, with the node's files.
+    let w = &node.work.path().join(mode);
+    fs::create_dir(w).unwrap();
+    for file in [
+        "attack.so",
+        "node.crt",
+        "node.key",
+        "ca.crt",
+        "kubelet.conf",
+        "config.yaml",
+    ] {
+        fs::copy(node.work.path().join(file), w.join(file)).unwrap();
+    }
     let env = fs::read_to_string(node.cluster.path("env")).unwrap();
     let var = |name: &str| {
         env.lines()
@@ -223,11 +236,13 @@ fn attack(node: &Node, mode: &str) -> (Vec<String>, String, String) {
         .env("API_PORT", var("API_PORT"))
         .env("ETCD_PORT", var("ETCD_PORT"))
         .env("OTHER_PORT", common::daemon::free_port().to_string())
+        .stderr(fs::File::create(w.join("script.err")).unwrap())
         .spawn()
         .unwrap();
     assert!(
         eventually(Duration::from_secs(30), || w.join("attacked").exists()),
-        "the node never got to the attack: {}",
+        "the node never got to the attack: {}{}",
+        fs::read_to_string(w.join("script.err")).unwrap_or_default(),
         fs::read_to_string(w.join("agent.err")).unwrap_or_default()
     );
     // The agent still does its job: a rotation lands, and its report is written.
@@ -331,8 +346,6 @@ fn a_taken_over_agent_reaches_nothing_but_its_job_bare_and_under_the_unit() {
     }
 
     // Under the unit: its masks hide the control plane's secrets and static pods too.
-    fs::remove_file(node.work.path().join("attacked")).unwrap();
-    fs::remove_file(node.work.path().join("done")).unwrap();
     // The rotation back to one signer first, so that the next rotation is a change.
     node.cluster.put_configmap(
         "signers",
