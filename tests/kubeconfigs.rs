@@ -110,7 +110,8 @@ fn a_serving_ca_rotation_adds_the_new_ca_at_once_and_drops_the_old_only_once_the
     let api = ApiServer::start();
     let old = api.ca_pem();
     let kubelet = Kubelet::new(&api.url(), &old);
-    let hook_log = kubelet.node.root().join("hook.log");
+    // In the state directory: a hook runs inside the agent's confinement.
+    let hook_log = kubelet.node.state_dir().join("hook.log");
     let hook = format!(
         "sh -c 'echo \"$KUBELET_CA_KUBECONFIG $KUBELET_CA_ADDED\" >> {}'",
         hook_log.display()

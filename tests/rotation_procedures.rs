@@ -431,9 +431,10 @@ impl KubeadmNode {
         self.node.bundle_dir().join("kubelet.conf")
     }
 
-    /// The hook's record: one line per kubelet restart.
+    /// The hook's record: one line per kubelet restart (in the state directory: a hook runs
+    /// inside the agent's confinement).
     fn restarts(&self) -> Vec<String> {
-        fs::read_to_string(self.node.root().join("kubelet-restarts"))
+        fs::read_to_string(self.node.state_dir().join("kubelet-restarts"))
             .unwrap_or_default()
             .lines()
             .map(str::to_string)
@@ -530,10 +531,11 @@ fn a_kubeadm_serving_ca_rotation_switches_the_api_server_only_once_every_kubelet
         fs::set_permissions(&conf, fs::Permissions::from_mode(0o600)).unwrap();
         let hook = node.root().join("restart-kubelet");
         let root = node.root().display().to_string();
+        let state = node.state_dir().display().to_string();
         write(
             &hook,
             format!(
-                "#!/bin/sh\nif [ -e {root}/kubelet-broken ]; then echo 'kubelet.service failed' >&2; exit 1; fi\necho \"$KUBELET_CA_KUBECONFIG $KUBELET_CA_ADDED\" >>{root}/kubelet-restarts\n"
+                "#!/bin/sh\nif [ -e {root}/kubelet-broken ]; then echo 'kubelet.service failed' >&2; exit 1; fi\necho \"$KUBELET_CA_KUBECONFIG $KUBELET_CA_ADDED\" >>{state}/kubelet-restarts\n"
             ),
         );
         fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();

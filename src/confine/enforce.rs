@@ -139,6 +139,7 @@ fn rights(access: Access) -> BitFlags<AccessFs> {
         Access::ReadFile => AccessFs::ReadFile.into(),
         Access::Read => read,
         Access::Replace => replace,
+        Access::Make => replace | AccessFs::MakeDir,
         Access::Own => replace | AccessFs::MakeDir | AccessFs::RemoveDir,
         Access::Run => AccessFs::Execute | AccessFs::ReadFile,
         Access::RunAll => AccessFs::Execute | AccessFs::ReadFile | AccessFs::ReadDir,

@@ -64,6 +64,20 @@ impl Facts {
             }
         }
         facts.cluster = !origins.is_empty();
+        let common = &config.common;
+        let managed = common.managed_paths();
+        let target_dirs = managed
+            .iter()
+            .filter_map(|p| p.parent().map(Path::to_path_buf))
+            .chain(common.registry_dirs());
+        for dir in target_dirs {
+            if dir.as_os_str().is_empty() || dir.exists() {
+                continue;
+            }
+            if let Some(above) = dir.ancestors().skip(1).find(|a| a.is_dir()) {
+                facts.absent.insert(dir.clone(), above.to_path_buf());
+            }
+        }
         for source in config.common.all_sources() {
             if let crate::source::SourceSpec::File(path) = source
                 && let Ok(target) = std::fs::canonicalize(&path)

@@ -33,6 +33,9 @@ pub enum Access {
     Read,
     /// Read, and replace files by rename, beneath this directory (a target's directory).
     Replace,
+    /// As [`Access::Replace`], and make directories: above a target's directory that is
+    /// not there yet, which the agent makes once there is something to keep.
+    Make,
     /// Read, write, create and remove files and directories beneath this directory (the
     /// state directory, a registry set's directory).
     Own,
@@ -90,6 +93,9 @@ pub struct Facts {
     pub links: BTreeMap<PathBuf, PathBuf>,
     /// Whether anything talks to the cluster (a cluster source, a webhook, the report).
     pub cluster: bool,
+    /// Each target directory that is not there at start, and the nearest directory above
+    /// it that is.
+    pub absent: BTreeMap<PathBuf, PathBuf>,
     /// This process's own `/proc` directory (`/proc/self` resolved).
     pub proc_self: Option<PathBuf>,
 }
@@ -98,27 +104,40 @@ pub struct Facts {
 pub fn plan(config: &crate::config::Run, facts: &Facts) -> Plan {
     let mut plan = Plan::default();
     let common = &config.common;
-    plan.add(
+    // A target's directory that is not there yet is made by the agent once there is
+    // something to keep: the place above it may have directories made in it.
+    let mut target = |dir: PathBuf, access: Access, why: &str| {
+        if let Some(above) = facts.absent.get(&dir) {
+            let made = if access == Access::Own {
+                Access::Own
+            } else {
+                Access::Make
+            };
+            plan.add(above.clone(), made, &format!("above {why}, not there yet"));
+        }
+        plan.add(dir, access, why);
+    };
+    target(
         parent(&common.bundle),
         Access::Replace,
         "the bundle's directory (it is replaced by rename)",
     );
     for manage in &common.manage {
-        plan.add(
+        target(
             parent(&manage.path),
             Access::Replace,
             "a --manage file's directory",
         );
     }
     for kubeconfig in &common.manage_kubeconfig {
-        plan.add(
+        target(
             parent(&kubeconfig.path),
             Access::Replace,
             "a --manage-kubeconfig file's directory",
         );
     }
     for dir in common.registry_dirs() {
-        plan.add(dir, Access::Own, "a --manage-registries directory");
+        target(dir, Access::Own, "a --manage-registries directory");
     }
     plan.add(
         common.state_dir.clone(),
@@ -340,9 +359,13 @@ fn covers(above: Access, below: Access) -> bool {
     match above {
         Access::Read => matches!(below, Access::Read | Access::ReadFile),
         Access::Replace => matches!(below, Access::Read | Access::ReadFile | Access::Replace),
+        Access::Make => matches!(
+            below,
+            Access::Read | Access::ReadFile | Access::Replace | Access::Make
+        ),
         Access::Own => matches!(
             below,
-            Access::Read | Access::ReadFile | Access::Replace | Access::Own
+            Access::Read | Access::ReadFile | Access::Replace | Access::Make | Access::Own
         ),
         Access::RunAll => matches!(below, Access::Run | Access::RunAll | Access::ReadFile),
         Access::ReadFile | Access::Run | Access::Device | Access::Notify => above == below,

@@ -405,3 +405,47 @@ fn a_rule_covers_what_it_gives_beneath_it_and_no_more() {
     assert!(covers(ReadFile, ReadFile) && !covers(ReadFile, Read));
     assert!(covers(Notify, Notify) && !covers(Device, Notify));
 }
+
+#[test]
+fn a_targets_directory_not_there_yet_may_be_made_in_the_place_above_it() {
+    let mut common = kubeadm();
+    common.manage = vec![config::ManageSpec {
+        path: "/etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem".into(),
+        sources: common.sources.clone(),
+    }];
+    common.manage_registries = vec![config::RegistriesSpec {
+        dir: "/etc/docker/certs.d".into(),
+        sources: common.sources.clone(),
+    }];
+    let mut absent = facts();
+    absent.absent = [
+        (
+            PathBuf::from("/etc/kubernetes/static-pod-resources/configmaps/cloud-config"),
+            PathBuf::from("/etc/kubernetes/static-pod-resources"),
+        ),
+        (
+            PathBuf::from("/etc/docker/certs.d"),
+            PathBuf::from("/etc/docker"),
+        ),
+    ]
+    .into();
+    let plan = plan(&run(common), &absent);
+    let made = rule(&plan, "/etc/kubernetes").unwrap();
+    assert_eq!(made.access, Access::Replace, "{plan:#?}");
+    // Beneath /etc/kubernetes, which only replaces: the place above may have directories
+    // made in it, and the directory itself is covered by that.
+    let above = rule(&plan, "/etc/kubernetes/static-pod-resources").unwrap();
+    assert_eq!(above.access, Access::Make);
+    assert!(above.why.contains("not there yet"), "{}", above.why);
+    assert!(
+        rule(
+            &plan,
+            "/etc/kubernetes/static-pod-resources/configmaps/cloud-config"
+        )
+        .is_none()
+    );
+    // A registry set's directory not there yet: its parent is owned (it makes and removes
+    // the registries' directories beneath).
+    assert_eq!(rule(&plan, "/etc/docker").unwrap().access, Access::Own);
+    assert!(rule(&plan, "/etc/docker/certs.d").is_none());
+}

@@ -262,6 +262,10 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failed test shows what the agent said.
+        if std::thread::panicking() {
+            eprintln!("--- the agent's log ---\n{}", self.log());
+        }
     }
 }
 
