@@ -78,7 +78,7 @@ impl Facts {
                 facts.absent.insert(dir.clone(), above.to_path_buf());
             }
         }
-        for source in config.common.all_sources() {
+        for source in common.all_sources() {
             if let crate::source::SourceSpec::File(path) = source
                 && let Ok(target) = std::fs::canonicalize(&path)
                 && target != path
@@ -86,7 +86,6 @@ impl Facts {
                 facts.links.insert(path, target);
             }
         }
-        let common = &config.common;
         let commands =
             common
                 .exec_on_change
@@ -102,7 +101,6 @@ impl Facts {
                 facts.programs.push(program);
             }
         }
-
         if !facts.programs.is_empty() {
             facts
                 .programs

@@ -318,16 +318,13 @@ impl Plan {
         now: &Plan,
         seen: &BTreeMap<PathBuf, (u64, u64)>,
     ) -> Option<String> {
-        for rule in &now.paths {
-            let Some(identity) = seen.get(&rule.path) else {
-                continue;
-            };
+        // A place that is not there now needs nothing yet. One is covered by a rule held
+        // since start on it or above it, if that place is still the one held.
+        for rule in now.paths.iter().filter(|r| seen.contains_key(&r.path)) {
             let covered = self.paths.iter().any(|old| {
                 rule.path.starts_with(&old.path)
                     && covers(old.access, rule.access)
-                    && held
-                        .get(&old.path)
-                        .is_some_and(|then| old.path != rule.path || then == identity)
+                    && held.contains_key(&old.path)
                     && seen.get(&old.path) == held.get(&old.path)
             });
             if !covered {
