@@ -17,12 +17,11 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::daemon::{Agent, eventually};
-use common::real_cluster::Cluster;
+use common::real_cluster::{Cluster, env_value, object, render};
 use common::{Node, is_root, require};
 use serde_json::{Value, json};
 
@@ -35,49 +34,6 @@ const B: &str = "worker-b";
 /// Another annotation each Node carries, which the agent's token may not touch.
 const OTHER: &str = "example.com/owner";
 const SECOND: Duration = Duration::from_secs(1);
-
-/// `deploy/overlays/kubeadm` as `kubectl kustomize` renders it, one value per object; `None`
-/// (the test skipped, or failed in CI) when kubectl is not installed.
-fn render(overlay: &str) -> Option<Vec<Value>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(overlay);
-    let out = Command::new("kubectl").arg("kustomize").arg(&dir).output();
-    if !require(
-        out.is_ok(),
-        "kubectl is not installed (kubectl kustomize renders the overlay)",
-    ) {
-        return None;
-    }
-    let out = out.unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("UTF-8 YAML");
-    let objects: Vec<Value> = serde_saphyr::from_multiple(&text).expect("the rendering is YAML");
-    Some(objects.into_iter().filter(|o| !o.is_null()).collect())
-}
-
-/// The one object of `kind` named `name` in the rendering.
-fn object<'a>(rendered: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    rendered
-        .iter()
-        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name} in the rendering"))
-}
-
-/// The value of `name` in the environment of the DaemonSet's container.
-fn env_value(daemonset: &Value, name: &str) -> String {
-    daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == name)
-        .and_then(|e| e["value"].as_str())
-        .unwrap_or_else(|| panic!("{name} in the DaemonSet's environment"))
-        .to_string()
-}
 
 /// A Node as admin, with its labels and another owner's annotation.
 fn create_node(cluster: &Cluster, name: &str) {
@@ -144,20 +100,7 @@ fn the_agents_token_writes_its_own_nodes_report_and_nothing_else() {
     };
 
     // --- The kustomization's identity, RBAC and policies, exactly as rendered ----------
-    let kinds = [
-        "Namespace",
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    ];
-    let applied: Vec<&Value> = rendered
-        .iter()
-        .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
-        .collect();
+    let applied = cluster.apply_identity(&rendered);
     for kind in [
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -168,30 +111,13 @@ fn the_agents_token_writes_its_own_nodes_report_and_nothing_else() {
             "the node report's, the Events' and the pods' {kind}s"
         );
     }
-    for object in &applied {
-        let (code, answer) = cluster.apply(object);
-        assert!(
-            code == 200 || code == 201,
-            "apply {} {}: {code} {answer}",
-            object["kind"],
-            object["metadata"]["name"]
-        );
-    }
 
     // --- Two nodes, and the agent's pod on A (the DaemonSet's template; it never runs) --
     create_node(&cluster, A);
     create_node(&cluster, B);
     let daemonset = object(&rendered, "DaemonSet", "kubelet-ca-agent");
     let template = &daemonset["spec"]["template"];
-    let mut spec = template["spec"].clone();
-    spec["nodeName"] = json!(A);
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "kubelet-ca-agent-a", "namespace": NS, "labels": template["metadata"]["labels"]},
-        "spec": spec});
-    let (code, created) =
-        cluster.request("POST", &format!("/api/v1/namespaces/{NS}/pods"), Some(&pod));
-    assert_eq!(code, 201, "the DaemonSet's own pod is admitted: {created}");
-    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = cluster.daemonset_pod(daemonset, "kubelet-ca-agent-a", A);
 
     // The token the kubelet would project into it, and one bound to nothing.
     let token = cluster.service_account_token(NS, SA, Some(("kubelet-ca-agent-a", &uid)));

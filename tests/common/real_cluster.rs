@@ -708,3 +708,105 @@ fn openssl(args: &[&str]) {
 fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
 }
+
+/// A directory of `deploy/` (an overlay) as `kubectl kustomize` renders it, one value per
+/// object; `None` (the test skipped, or failed in CI) when kubectl is not installed.
+pub fn render(overlay: &str) -> Option<Vec<Value>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(overlay);
+    let out = Command::new("kubectl").arg("kustomize").arg(&dir).output();
+    if !super::require(
+        out.is_ok(),
+        "kubectl is not installed (kubectl kustomize renders the overlay)",
+    ) {
+        return None;
+    }
+    let out = out.unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8 YAML");
+    let objects: Vec<Value> = serde_saphyr::from_multiple(&text).expect("the rendering is YAML");
+    Some(objects.into_iter().filter(|o| !o.is_null()).collect())
+}
+
+/// The one object of `kind` named `name` in a rendering.
+pub fn object<'a>(rendered: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    rendered
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the rendering"))
+}
+
+/// The value of `name` in the environment of a DaemonSet's (first) container.
+pub fn env_value(daemonset: &Value, name: &str) -> String {
+    daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("{name} in the DaemonSet's environment"))
+        .to_string()
+}
+
+/// The kinds of a rendering that make the agent's identity in the cluster: its namespace,
+/// service account, RBAC, and the admission policies that confine it.
+pub const IDENTITY_KINDS: [&str; 8] = [
+    "Namespace",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+impl Cluster {
+    /// Applies (as admin) the objects of `rendered` whose kind is one of
+    /// [`IDENTITY_KINDS`], exactly as rendered; returns them.
+    pub fn apply_identity<'a>(&self, rendered: &'a [Value]) -> Vec<&'a Value> {
+        let applied: Vec<&Value> = rendered
+            .iter()
+            .filter(|o| IDENTITY_KINDS.iter().any(|k| o["kind"] == *k))
+            .collect();
+        for object in &applied {
+            let (code, answer) = self.apply(object);
+            assert!(
+                code == 200 || code == 201,
+                "apply {} {}: {code} {answer}",
+                object["kind"],
+                object["metadata"]["name"]
+            );
+        }
+        applied
+    }
+
+    /// Creates, as the DaemonSet's controller would, Pod `name` of `daemonset`'s template
+    /// in its namespace, bound to Node `node` (it never runs: the Pod is what a token is
+    /// bound to); returns its uid.
+    pub fn daemonset_pod(&self, daemonset: &Value, name: &str, node: &str) -> String {
+        let namespace = daemonset["metadata"]["namespace"]
+            .as_str()
+            .expect("the DaemonSet's namespace");
+        let template = &daemonset["spec"]["template"];
+        let mut spec = template["spec"].clone();
+        spec["nodeName"] = json!(node);
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]},
+            "spec": spec});
+        let (code, created) = self.request(
+            "POST",
+            &format!("/api/v1/namespaces/{namespace}/pods"),
+            Some(&pod),
+        );
+        assert_eq!(code, 201, "the DaemonSet's own pod is admitted: {created}");
+        created["metadata"]["uid"]
+            .as_str()
+            .expect("the Pod's uid")
+            .to_string()
+    }
+}
