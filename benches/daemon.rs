@@ -59,6 +59,8 @@ mod apiserver;
 mod clock;
 #[path = "support/report.rs"]
 mod report;
+#[path = "support/rotation.rs"]
+mod rotation;
 #[path = "support/signers.rs"]
 mod signers;
 
@@ -203,23 +205,14 @@ fn cluster_rotations(run: &Run, pool: &KeyPool, table: &mut Table) {
     for i in 1..=run.updates {
         let (next, hash) = (&bundles[i % 2], &hashes[i % 2]);
         while renames.try_recv().is_ok() {}
-        while agent.lines.try_recv().is_ok() {}
-        api.put_configmap(NS, NAME, &[("ca-bundle.crt", next)], &[]);
-        let durable = loop {
-            let (at, line) = agent
-                .lines
-                .recv_timeout(Duration::from_secs(10))
-                .expect("the agent logs `bundle written` within 10 s");
-            if line.contains("bundle written") && line.contains(hash.as_str()) {
-                break at;
-            }
-        };
+        to_durable.push(rotation::bundle(&api, &agent, hash, || {
+            api.put_configmap(NS, NAME, &[("ca-bundle.crt", next)], &[]);
+        }));
         let renamed = renames
             .recv_timeout(Duration::from_secs(10))
             .expect("inotify saw the rename");
         assert!(agent.holds(next), "the file holds the new bundle");
         let sent = api.last_event_sent().expect("an event was sent");
-        to_durable.push(durable.saturating_duration_since(sent));
         to_rename.push(renamed.saturating_duration_since(sent));
         let (rename, durable) = bare_replace(bare_dir.path(), next.as_bytes());
         bare_rename.push(rename);
@@ -380,19 +373,9 @@ fn registries_fifty(run: &Run, pool: &KeyPool, table: &mut Table) {
         }
         let mut to_durable = Vec::new();
         for i in 1..=n {
-            while agent.lines.try_recv().is_ok() {}
-            api.put_controllerconfig_spec(CC, &spec(&kube[i % 2], &registry_pems[0]));
-            let durable = loop {
-                let (at, line) = agent
-                    .lines
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("the agent logs `bundle written` within 10 s");
-                if line.contains("bundle written") && line.contains(hashes[i % 2].as_str()) {
-                    break at;
-                }
-            };
-            let sent = api.last_event_sent().expect("an event was sent");
-            to_durable.push(durable.saturating_duration_since(sent));
+            to_durable.push(rotation::bundle(&api, &agent, &hashes[i % 2], || {
+                api.put_controllerconfig_spec(CC, &spec(&kube[i % 2], &registry_pems[0]));
+            }));
         }
         let (p50, p99) = p50_p99(&mut to_durable);
         latencies.push((p50, p99));
@@ -402,25 +385,22 @@ fn registries_fifty(run: &Run, pool: &KeyPool, table: &mut Table) {
         // One registry's rotation.
         let mut one = Vec::new();
         for i in 1..=n.min(50) {
-            while agent.lines.try_recv().is_ok() {}
             let pem = if i % 2 == 1 {
                 &rotated
             } else {
                 &registry_pems[0]
             };
-            api.put_controllerconfig_spec(CC, &spec(&kube[n % 2], pem));
             let hash = sha256_hex(pem.as_bytes());
-            let written = loop {
-                let (at, line) = agent
-                    .lines
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("the agent logs `registry CA written` within 10 s");
-                if line.contains("registry CA written") && line.contains(hash.as_str()) {
-                    break at;
-                }
-            };
-            let sent = api.last_event_sent().expect("an event was sent");
-            one.push(written.saturating_duration_since(sent));
+            one.push(rotation::timed(
+                &api,
+                &agent,
+                "registry CA written",
+                &hash,
+                || {
+                    api.put_controllerconfig_spec(CC, &spec(&kube[n % 2], pem));
+                },
+                |_| {},
+            ));
         }
         let (o50, o99) = p50_p99(&mut one);
         table.info(
@@ -515,22 +495,16 @@ fn kubeconfig_beside(run: &Run, pool: &KeyPool, table: &mut Table) {
         let mut to_durable = Vec::new();
         let mut held = false;
         for i in 1..=n {
-            while let Ok((_, line)) = agent.lines.try_recv() {
-                held |= line.contains("removal held");
-            }
-            api.put_configmap(NS, NAME, &[("ca-bundle.crt", &kube[i % 2])], &[]);
-            let durable = loop {
-                let (at, line) = agent
-                    .lines
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("the agent logs `bundle written` within 10 s");
-                held |= line.contains("removal held");
-                if line.contains("bundle written") && line.contains(hashes[i % 2].as_str()) {
-                    break at;
-                }
-            };
-            let sent = api.last_event_sent().expect("an event was sent");
-            to_durable.push(durable.saturating_duration_since(sent));
+            to_durable.push(rotation::timed(
+                &api,
+                &agent,
+                "bundle written",
+                &hashes[i % 2],
+                || {
+                    api.put_configmap(NS, NAME, &[("ca-bundle.crt", &kube[i % 2])], &[]);
+                },
+                |line| held |= line.contains("removal held"),
+            ));
         }
         assert_eq!(held, with_kubeconfig, "the kubeconfig's removal is held");
         latencies.push(p50_p99(&mut to_durable));

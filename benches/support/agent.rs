@@ -1,6 +1,6 @@
 //! A running `kubelet-ca-agent run` for the benchmarks: its stderr lines timestamped as
-//! they come, its memory and CPU time, a plain-HTTP scrape; and the bare replace the agent
-//! is compared with.
+//! they come, its memory and CPU time, a plain-HTTP scrape and probe; and the bare replace
+//! the agent is compared with.
 
 // Each benchmark uses part of this.
 #![allow(dead_code)]
@@ -52,12 +52,21 @@ impl Agent {
         notify: Option<&Path>,
         server: &[String],
     ) -> Agent {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Agent::spawn(dir, sources, kubeconfig, notify, server, port)
+        let port = free_port();
+        Agent::spawn(this_build(), dir, sources, kubeconfig, notify, server, port)
+    }
+
+    /// Like [`Agent::start_serving`], running `binary` instead of this build's agent: another
+    /// build to compare with in the same run (an earlier commit's, say).
+    pub fn start_binary(
+        binary: &Path,
+        dir: tempfile::TempDir,
+        sources: &[String],
+        kubeconfig: Option<&Path>,
+        server: &[String],
+    ) -> Agent {
+        let port = free_port();
+        Agent::spawn(binary, dir, sources, kubeconfig, None, server, port)
     }
 
     /// Like [`Agent::start`] with `--listen 127.0.0.1:0`: the kernel picks the endpoint's port
@@ -69,6 +78,7 @@ impl Agent {
         kubeconfig: Option<&Path>,
     ) -> Agent {
         Agent::spawn(
+            this_build(),
             dir,
             sources,
             kubeconfig,
@@ -79,6 +89,7 @@ impl Agent {
     }
 
     fn spawn(
+        binary: &Path,
         dir: tempfile::TempDir,
         sources: &[String],
         kubeconfig: Option<&Path>,
@@ -87,7 +98,7 @@ impl Agent {
         port: u16,
     ) -> Agent {
         fs::create_dir_all(dir.path().join("etc")).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubelet-ca-agent"));
+        let mut cmd = Command::new(binary);
         cmd.arg("run");
         for source in sources {
             cmd.arg("--source").arg(source);
@@ -174,6 +185,43 @@ impl Agent {
         out
     }
 
+    /// One GET /readyz on a new connection: its status code, or None while nothing listens
+    /// on the endpoint's port yet (or the connection closed before an answer).
+    pub fn readyz(&self) -> Option<u16> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        write!(
+            s,
+            "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        first_line(&out).split(' ').nth(1)?.parse().ok()
+    }
+
+    /// Throws away the lines the agent logged so far, each shown to `seen` first.
+    pub fn drain_lines(&self, mut seen: impl FnMut(&str)) {
+        while let Ok((_, line)) = self.lines.try_recv() {
+            seen(&line);
+        }
+    }
+
+    /// Waits up to 10 s for a line with `message` and `hash` (a file's SHA-256, which the
+    /// agent's `... written` lines name) and returns when it was read from the agent's
+    /// stderr. Every line read meanwhile is shown to `seen`, that one too.
+    pub fn logged(&self, message: &str, hash: &str, mut seen: impl FnMut(&str)) -> Instant {
+        loop {
+            let (at, line) = self
+                .lines
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("the agent logs `{message}` within 10 s"));
+            seen(&line);
+            if line.contains(message) && line.contains(hash) {
+                return at;
+            }
+        }
+    }
+
     /// Waits for the file to hold `content`; the agent's log is shown if it does not.
     pub fn wait_holds(&self, content: &str, limit: Duration) {
         let start = Instant::now();
@@ -195,6 +243,20 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The agent this build made (`cargo bench` builds it with the bench profile).
+fn this_build() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_kubelet-ca-agent"))
+}
+
+/// A loopback port free a moment ago, for an agent's endpoint.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn first_line(s: &str) -> &str {
