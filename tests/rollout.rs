@@ -391,3 +391,31 @@ fn rollout_wait_exits_the_moment_the_last_node_holds_the_ca_even_through_a_resta
     let out = rollout(&admin, &["wait", "--for", "add=file:/nonexistent.pem"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// A `rollout wait` that has its answer ends at once and says nothing else: no warning of
+/// its watch being cut as the command exits (issue 39: 3 runs in 30 printed one).
+#[test]
+fn a_successful_wait_prints_no_warning() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    for name in ["n1", "n2", "n3"] {
+        cluster.create_node(name, Some(&held(&[&fa, &fb])));
+    }
+    let admin = cluster.admin_kubeconfig();
+    for run in 0..50 {
+        let out = rollout(&admin, &["wait", "--for", &format!("add={fb}")]);
+        assert_eq!(out.status.code(), Some(0), "run {run}: {}", stderr(&out));
+        assert!(
+            stdout(&out).starts_with("3 of 3 nodes hold"),
+            "run {run}: {}",
+            stdout(&out)
+        );
+        let log = stderr(&out);
+        assert!(
+            !log.contains(" WARN ") && !log.contains(" ERROR "),
+            "run {run}: a successful wait warned: {log}"
+        );
+    }
+}

@@ -189,11 +189,27 @@ async fn wait_for(
 ) -> anyhow::Result<Exit> {
     let credentials = Credentials::follow(origin);
     let (tx, mut fleet) = watch::channel(Arc::new(Fleet::default()));
-    tokio::spawn(nodes::follow(
+    // Stopped as soon as the command has its answer: left to the runtime's shutdown, a
+    // request in flight would see its client's worker go first and say so, after success.
+    let follower = tokio::spawn(nodes::follow(
         credentials.clone(),
         config.selector.clone(),
         tx,
     ));
+    let answer = wait_on(&credentials, &mut fleet, config, wait, question).await;
+    follower.abort();
+    let _ = follower.await;
+    answer
+}
+
+/// [`wait_for`]'s wait on the Nodes that `fleet` tells, and its answer.
+async fn wait_on(
+    credentials: &Credentials,
+    fleet: &mut watch::Receiver<Arc<Fleet>>,
+    config: &Rollout,
+    wait: &RolloutWait,
+    question: &Question,
+) -> anyhow::Result<Exit> {
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut last: Option<(usize, usize)> = None;
     loop {
