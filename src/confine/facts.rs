@@ -108,21 +108,27 @@ impl Facts {
         }
         for file in RESOLVER_FILES {
             let path = Path::new(file);
-            if path.exists() {
-                facts
-                    .system_files
-                    .push((path.to_path_buf(), Access::ReadFile, "name resolution"));
-                // A link into /run (systemd-resolved's stub, NetworkManager's file) is
-                // replaced there by rename: its directory, which holds nothing else.
-                if let Ok(target) = std::fs::canonicalize(path)
-                    && target != path
-                    && target.starts_with("/run")
-                    && let Some(dir) = target.parent()
-                {
-                    facts
-                        .system_files
-                        .push((dir.to_path_buf(), Access::Read, "name resolution"));
+            if !path.exists() {
+                continue;
+            }
+            // A link into /run (systemd-resolved's stub, NetworkManager's file) is replaced
+            // there by rename: the rule is on its directory, which holds nothing else, and
+            // the link itself needs none (Landlock checks what is opened, not the link).
+            match std::fs::canonicalize(path) {
+                Ok(target) if target != path && target.starts_with("/run") => {
+                    if let Some(dir) = target.parent() {
+                        facts.system_files.push((
+                            dir.to_path_buf(),
+                            Access::Read,
+                            "name resolution",
+                        ));
+                    }
                 }
+                _ => facts.system_files.push((
+                    path.to_path_buf(),
+                    Access::ReadFile,
+                    "name resolution",
+                )),
             }
         }
         for (path, access) in TRUST_STORE {

@@ -179,6 +179,15 @@ fn systemds_notification_socket_is_reachable_by_path_or_abstract_as_it_is_given(
     assert!(plan.paths.iter().all(|r| r.access != Access::Notify));
     let plan = super::plan(&run(kubeadm()), &Facts::default());
     assert!(!plan.abstract_unix);
+    // Neither a path nor abstract: nothing systemd would listen on, so no rule.
+    let mut relative = facts();
+    relative.notify_socket = Some("run/notify".into());
+    let plan = super::plan(&run(kubeadm()), &relative);
+    assert!(
+        plan.paths.iter().all(|r| r.access != Access::Notify),
+        "{plan:#?}"
+    );
+    assert!(!plan.abstract_unix);
 }
 
 #[test]
