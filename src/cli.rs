@@ -462,8 +462,13 @@ pub struct ServerArgs {
     /// Serve /metrics without TLS or authentication; only allowed on a loopback address.
     #[arg(long, env = "KUBELET_CA_AGENT_INSECURE_METRICS", value_parser = BoolishValueParser::new())]
     pub insecure_metrics: bool,
-    /// This node's name, shown in logs and as the `node` label of kubelet_ca_agent_build_info.
-    /// Default (unset or empty): this host's name, as `hostname` prints it.
+    /// This node's name: the Node `run` reports on, shown in logs and as the `node` label of
+    /// kubelet_ca_agent_build_info. Default (unset or empty): for run, the node the credentials
+    /// name (a system:node:NAME client certificate, or a service account token bound to a Pod
+    /// on a node), else this host's name, as `hostname` prints it; for publish, this host's
+    /// name. Given, and not the node the
+    /// credentials name, it is said once at start (the API server refuses that report to
+    /// them).
     #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_NODE_NAME")]
     pub node_name: Option<String>,
 }

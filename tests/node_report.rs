@@ -224,6 +224,47 @@ fn credentials_that_name_one_node_cannot_write_another_nodes_report() {
     assert!(line.contains("403"), "{line}");
     let log = agent.log();
     assert!(log.contains("a node may write only its own Node"), "{log}");
+    // Said once at start: the name given is not the one the credentials name.
+    assert_eq!(
+        log.matches("--node-name worker-2 is not the node the credentials name (worker-1)")
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+/// One name for the node (issue 39): on a host whose name is not the Node's, the Node the
+/// credentials name is the node of the log and of the metrics' label, as of its report.
+#[test]
+fn the_node_is_named_as_its_credentials_name_it_whatever_the_host_is_called() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-1", true)]) else {
+        return;
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_ne!(
+        host.trim(),
+        "worker-1",
+        "the test needs a host not named worker-1"
+    );
+    let node = Node::new();
+    let agent = agent(&cluster, &node, "worker-1", &[]);
+    wait_until(20 * SECOND, || report(&cluster, "worker-1").is_some());
+    assert_eq!(
+        agent.sample("kubelet_ca_agent_build_info", &[("node", "worker-1")]),
+        Some(1.0)
+    );
+    let log = agent.log();
+    let starting = log
+        .lines()
+        .find(|l| l.contains(" starting "))
+        .unwrap_or_default();
+    assert!(starting.contains("node=\"worker-1\""), "{log}");
+    assert!(!log.contains(&format!("node=\"{}\"", host.trim())), "{log}");
+    assert!(
+        !log.contains("is not the node the credentials name"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -45,6 +45,13 @@ impl Facts {
             let attempt = crate::credentials::load::load(origin);
             facts.credential_files.extend(attempt.files);
             if let Ok(loaded) = attempt.result {
+                let certificate = loaded.held.iter().find(|h| h.kind == "user");
+                let named = certificate
+                    .and_then(|h| h.certificate.subject_cn.strip_prefix("system:node:"))
+                    .map(str::to_string)
+                    .or(loaded.token_node);
+                // The report's credentials come last, and name its Node.
+                facts.node = named.filter(|n| !n.is_empty()).or(facts.node.take());
                 facts.servers.push(loaded.server);
             }
             if let Origin::InCluster { dir, .. } = origin {

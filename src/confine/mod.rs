@@ -96,6 +96,9 @@ pub struct Facts {
     /// Each target directory that is not there at start, and the nearest directory above
     /// it that is.
     pub absent: BTreeMap<PathBuf, PathBuf>,
+    /// The Node the credentials name (a `system:node:NAME` certificate, a token bound to a
+    /// Pod on a node), the report's when it has credentials of its own.
+    pub node: Option<String>,
     /// This process's own `/proc` directory (`/proc/self` resolved).
     pub proc_self: Option<PathBuf>,
 }

@@ -37,13 +37,30 @@ pub fn run(args: config::Run) -> anyhow::Result<Exit> {
     let origins = Origins::resolve(&args)?;
     // Before any thread exists: every thread and hook after this is confined.
     let confined = confine(&args, &origins);
+    let mut args = args;
+    if let Some(report) = &args.report {
+        // One name for this node: the Node its report goes to is the node of every log
+        // line and of the metrics' label.
+        let host = crate::cli::host_name();
+        let (name, warning) = crate::fleet::report::identity(
+            report.node_name.as_deref(),
+            confined.node.as_deref(),
+            host.as_deref(),
+        );
+        if let Some(warning) = warning {
+            tracing::warn!("{warning}");
+        }
+        args.server.node_name = name;
+    }
     crate::runtime::build()?.block_on(run_async(args, origins, confined))
 }
 
-/// The confinement in force, and the plan it was built from.
+/// The confinement in force, the plan it was built from, and the Node the credentials
+/// named when it was built.
 struct Confined {
     enforced: crate::confine::Enforced,
     plan: crate::confine::Plan,
+    node: Option<String>,
 }
 
 /// How often the agent looks whether what it needs is still within its confinement.
@@ -142,7 +159,11 @@ fn confine(args: &config::Run, origins: &Origins) -> Confined {
     for path in &enforced.missing {
         tracing::debug!(path = %path.display(), "confinement: not there at start");
     }
-    Confined { enforced, plan }
+    Confined {
+        enforced,
+        plan,
+        node: facts.node,
+    }
 }
 
 /// Says at start what the confinement holds.

@@ -236,6 +236,26 @@ pub fn node_name(given: Option<&str>, current: &Current) -> Result<String, Strin
     }
 }
 
+/// The one name of this node, for the log and the `node` label: `--node-name` as given,
+/// else the Node the credentials name, else `host` (this host's name). With it, a warning
+/// when the name given is not the one the credentials name (the API server will refuse the
+/// report to them).
+pub fn identity(
+    given: Option<&str>,
+    credentials: Option<&str>,
+    host: Option<&str>,
+) -> (Option<String>, Option<String>) {
+    let given = given.filter(|n| !n.is_empty());
+    let warning = match (given, credentials) {
+        (Some(given), Some(named)) if given != named => Some(format!(
+            "--node-name {given} is not the node the credentials name ({named}): the report goes to Node {given}, which the API server refuses to {named}'s own credentials"
+        )),
+        _ => None,
+    };
+    let name = given.or(credentials).or(host).map(str::to_string);
+    (name, warning)
+}
+
 /// Whether every target's sync is known: until then the report waits up to [`SETTLE`].
 fn settled(status: &Status) -> bool {
     status
@@ -691,6 +711,35 @@ mod tests {
         assert_eq!(p.problem(Err("no name".into())).as_deref(), Some("no name"));
         // Nothing built: nothing to say.
         assert_eq!(Policy::new(now).problem(Ok(())), None);
+    }
+
+    #[test]
+    fn the_node_has_one_name_the_flags_else_the_credentials_else_the_hosts() {
+        assert_eq!(
+            identity(None, Some("node-1"), Some("vm")),
+            (Some("node-1".into()), None)
+        );
+        assert_eq!(identity(None, None, Some("vm")), (Some("vm".into()), None));
+        assert_eq!(
+            identity(Some(""), None, Some("vm")),
+            (Some("vm".into()), None)
+        );
+        assert_eq!(identity(None, None, None), (None, None));
+        assert_eq!(
+            identity(Some("node-1"), Some("node-1"), Some("vm")),
+            (Some("node-1".into()), None)
+        );
+        let (name, warning) = identity(Some("other"), Some("node-1"), Some("vm"));
+        assert_eq!(name.as_deref(), Some("other"));
+        let warning = warning.unwrap();
+        assert!(
+            warning.contains("--node-name other is not the node the credentials name (node-1)"),
+            "{warning}"
+        );
+        assert_eq!(
+            identity(Some("other"), None, Some("vm")),
+            (Some("other".into()), None)
+        );
     }
 
     #[test]
