@@ -228,25 +228,7 @@ fn node() -> Option<Node> {
         "{}",
         String::from_utf8_lossy(&built.stderr)
     );
-    let (crt, key) = cluster.client_cert("system:node:worker-1", &["system:nodes"]);
-    fs::copy(crt, w.join("node.crt")).unwrap();
-    fs::copy(key, w.join("node.key")).unwrap();
-    fs::copy(cluster.ca_path(), w.join("ca.crt")).unwrap();
-    use base64::Engine;
-    let ca_data = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
-    fs::write(
-        w.join("kubelet.conf"),
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: {ca_data}\n    server: {}\n  name: kubernetes\ncontexts:\n- context:\n    cluster: kubernetes\n    user: system:node:worker-1\n  name: system:node:worker-1@kubernetes\ncurrent-context: system:node:worker-1@kubernetes\nusers:\n- name: system:node:worker-1\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
-            cluster.url
-        ),
-    )
-    .unwrap();
-    fs::write(
-        w.join("config.yaml"),
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: /etc/kubernetes/kubelet-ca.crt\n",
-    )
-    .unwrap();
+    cluster.kubeadm_node_files(w, "worker-1");
     cluster.namespace("signers");
     cluster.put_configmap("signers", "client-ca", &[("ca-bundle.crt", &signer("one"))]);
     cluster.grant_configmaps(

@@ -136,27 +136,10 @@ fn a_kubeadm_node_on_debian_works_from_the_docs_with_no_flag() {
     );
     assert_eq!(code, 201, "{body}");
 
-    // The node: its identity signed by the cluster CA, as the kubelet's TLS bootstrap does.
-    let (crt, key) = cluster.client_cert("system:node:worker-1", &["system:nodes"]);
-    fs::copy(crt, w.join("node.crt")).unwrap();
-    fs::copy(key, w.join("node.key")).unwrap();
-    fs::copy(cluster.ca_path(), w.join("ca.crt")).unwrap();
-    use base64::Engine;
-    let ca_data = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
-    fs::write(
-        w.join("kubelet.conf"),
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: {ca_data}\n    server: {}\n  name: kubernetes\ncontexts:\n- context:\n    cluster: kubernetes\n    user: system:node:worker-1\n  name: system:node:worker-1@kubernetes\ncurrent-context: system:node:worker-1@kubernetes\nusers:\n- name: system:node:worker-1\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
-            cluster.url
-        ),
-    )
-    .unwrap();
-    // The kubelet's configuration, with step 3 of the docs done: its client CA is the bundle.
-    fs::write(
-        w.join("config.yaml"),
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: /etc/kubernetes/kubelet-ca.crt\n",
-    )
-    .unwrap();
+    // The node: its identity signed by the cluster CA, as the kubelet's TLS bootstrap does;
+    // its kubelet.conf, and its configuration with step 3 of the docs done (its client CA is
+    // the bundle).
+    cluster.kubeadm_node_files(w, "worker-1");
     let port = common::daemon::free_port();
     let repo = env!("CARGO_MANIFEST_DIR");
     let install = install_command_of_the_docs();

@@ -191,6 +191,34 @@ impl Cluster {
         kubeconfig
     }
 
+    /// A kubeadm node's files for node `name`, in `dir`: `node.crt` and `node.key` (its
+    /// identity signed by the cluster CA, as the kubelet's TLS bootstrap makes it), `ca.crt`,
+    /// `kubelet.conf` (naming the client certificate
+    /// `/var/lib/kubelet/pki/kubelet-client-current.pem`, as kubeadm writes it) and
+    /// `config.yaml` (the kubelet's configuration, its client CA the managed bundle), for a
+    /// test to lay out at the node's real paths.
+    pub fn kubeadm_node_files(&self, dir: &Path, name: &str) {
+        use base64::Engine;
+        let (crt, key) = self.client_cert(&format!("system:node:{name}"), &["system:nodes"]);
+        fs::copy(crt, dir.join("node.crt")).unwrap();
+        fs::copy(key, dir.join("node.key")).unwrap();
+        fs::copy(self.ca_path(), dir.join("ca.crt")).unwrap();
+        let ca_data = base64::engine::general_purpose::STANDARD.encode(self.ca_pem());
+        fs::write(
+            dir.join("kubelet.conf"),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: {ca_data}\n    server: {}\n  name: kubernetes\ncontexts:\n- context:\n    cluster: kubernetes\n    user: system:node:{name}\n  name: system:node:{name}@kubernetes\ncurrent-context: system:node:{name}@kubernetes\nusers:\n- name: system:node:{name}\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
+                self.url
+            ),
+        )
+        .unwrap();
+        fs::write(
+            dir.join("config.yaml"),
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: /etc/kubernetes/kubelet-ca.crt\n",
+        )
+        .unwrap();
+    }
+
     /// The kubelet's identity on node `name`: `system:node:NAME` in `system:nodes`.
     pub fn node_kubeconfig(&self, name: &str) -> PathBuf {
         self.kubeconfig_for(&format!("system:node:{name}"), &["system:nodes"])
@@ -207,17 +235,7 @@ impl Cluster {
             .arg(pki("admin.crt"))
             .arg("--key")
             .arg(pki("admin.key"));
-        if let Some(body) = body {
-            let content_type = if method == "PATCH" {
-                "application/merge-patch+json"
-            } else {
-                "application/json"
-            };
-            cmd.arg("-H")
-                .arg(format!("Content-Type: {content_type}"))
-                .arg("--data-binary")
-                .arg(body.to_string());
-        }
+        with_body(&mut cmd, method, body);
         let out = cmd
             .arg(format!("{}{path}", self.url))
             .output()
@@ -473,17 +491,7 @@ impl Cluster {
             .arg(self.path("pki/ca.crt"))
             .arg("-H")
             .arg(format!("@{}", header.path().display()));
-        if let Some(body) = body {
-            let content_type = if method == "PATCH" {
-                "application/merge-patch+json"
-            } else {
-                "application/json"
-            };
-            cmd.arg("-H")
-                .arg(format!("Content-Type: {content_type}"))
-                .arg("--data-binary")
-                .arg(body.to_string());
-        }
+        with_body(&mut cmd, method, body);
         answer(
             &cmd.arg(format!("{}{path}", self.url))
                 .output()
@@ -537,6 +545,21 @@ pub fn object_path(object: &Value) -> String {
         .unwrap_or_default();
     let name = object["metadata"]["name"].as_str().expect("metadata.name");
     format!("{group}{namespace}/{resource}/{name}")
+}
+
+/// A request's JSON body for curl: a merge patch for PATCH.
+fn with_body(cmd: &mut Command, method: &str, body: Option<&Value>) {
+    if let Some(body) = body {
+        let content_type = if method == "PATCH" {
+            "application/merge-patch+json"
+        } else {
+            "application/json"
+        };
+        cmd.arg("-H")
+            .arg(format!("Content-Type: {content_type}"))
+            .arg("--data-binary")
+            .arg(body.to_string());
+    }
 }
 
 /// curl's output with `-w "\n%{http_code}"`: the status code and the body as JSON.
