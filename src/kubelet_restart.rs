@@ -76,7 +76,13 @@ pub enum Next {
 
 /// The decision after `seen`, `waited` since the request was written (or first tried,
 /// while the directory is missing) and `taken_for` since the host took it.
-pub fn next(dir: &Path, seen: &Seen, waited: Duration, taken_for: Option<Duration>) -> Next {
+pub fn next(
+    dir: &Path,
+    seen: &Seen,
+    waited: Duration,
+    taken_for: Option<Duration>,
+    result_max: Duration,
+) -> Next {
     let shown = dir.display();
     match seen {
         Seen::Result(line) if line.split_whitespace().next() == Some("success") => Next::Done,
@@ -92,9 +98,9 @@ pub fn next(dir: &Path, seen: &Seen, waited: Duration, taken_for: Option<Duratio
             humantime::format_duration(UNTAKEN)
         ))),
         Seen::Untaken => Next::Wait(None),
-        Seen::Taken if taken_for.is_some_and(|t| t >= RESULT_MAX) => Next::Failed(format!(
+        Seen::Taken if taken_for.is_some_and(|t| t >= result_max) => Next::Failed(format!(
             "the host took the restart request in {shown} but wrote no result within {}",
-            humantime::format_duration(RESULT_MAX)
+            humantime::format_duration(result_max)
         )),
         Seen::Taken => Next::Wait(None),
     }
@@ -105,6 +111,16 @@ pub fn next(dir: &Path, seen: &Seen, waited: Duration, taken_for: Option<Duratio
 /// `stop` says so. The error says what failed, in one line.
 pub fn restart(
     dir: &Path,
+    stop: &dyn Fn() -> bool,
+    note: &dyn Fn(Option<String>),
+) -> Result<(), String> {
+    restart_within(dir, RESULT_MAX, stop, note)
+}
+
+/// [`restart`], giving up on a taken request after `result_max` without a result.
+fn restart_within(
+    dir: &Path,
+    result_max: Duration,
     stop: &dyn Fn() -> bool,
     note: &dyn Fn(Option<String>),
 ) -> Result<(), String> {
@@ -124,7 +140,13 @@ pub fn restart(
         if seen == Seen::Taken && taken_at.is_none() {
             taken_at = Some(Instant::now());
         }
-        let decision = next(dir, &seen, started.elapsed(), taken_at.map(|t| t.elapsed()));
+        let decision = next(
+            dir,
+            &seen,
+            started.elapsed(),
+            taken_at.map(|t| t.elapsed()),
+            result_max,
+        );
         match decision {
             Next::Done => {
                 tell(note, &mut said, None);
@@ -136,14 +158,20 @@ pub fn restart(
             }
             Next::Wait(why) => tell(note, &mut said, why),
         }
-        std::thread::sleep(if started.elapsed() < UNTAKEN {
-            POLL_FAST
-        } else {
-            POLL_SLOW
-        });
+        std::thread::sleep(poll_every(started.elapsed()));
         if seen == Seen::NoDir {
             asked = ask(dir);
         }
+    }
+}
+
+/// How long to wait before looking again, `waited` after the request: often while the host
+/// would answer at once, then once a second, for as long as nothing takes it.
+fn poll_every(waited: Duration) -> Duration {
+    if waited < UNTAKEN {
+        POLL_FAST
+    } else {
+        POLL_SLOW
     }
 }
 
@@ -224,11 +252,22 @@ mod tests {
     fn success_is_done_and_anything_else_failed_in_systemds_words() {
         let seen = |line: &str| Seen::Result(line.into());
         assert_eq!(
-            next(dir(), &seen("success exited 0"), Duration::ZERO, None),
+            next(
+                dir(),
+                &seen("success exited 0"),
+                Duration::ZERO,
+                None,
+                RESULT_MAX
+            ),
             Next::Done
         );
-        let Next::Failed(why) = next(dir(), &seen("exit-code exited 1"), Duration::ZERO, None)
-        else {
+        let Next::Failed(why) = next(
+            dir(),
+            &seen("exit-code exited 1"),
+            Duration::ZERO,
+            None,
+            RESULT_MAX,
+        ) else {
             panic!("a failed restart is not done");
         };
         assert!(
@@ -236,13 +275,22 @@ mod tests {
             "{why}"
         );
         assert!(matches!(
-            next(dir(), &seen(""), Duration::ZERO, None),
+            next(dir(), &seen(""), Duration::ZERO, None, RESULT_MAX),
             Next::Failed(_)
         ));
         assert!(matches!(
-            next(dir(), &seen("successful"), Duration::ZERO, None),
+            next(dir(), &seen("successful"), Duration::ZERO, None, RESULT_MAX),
             Next::Failed(_)
         ));
+    }
+
+    #[test]
+    fn the_directory_is_looked_at_often_at_first_then_once_a_second() {
+        assert_eq!(poll_every(Duration::ZERO), POLL_FAST);
+        assert_eq!(poll_every(UNTAKEN - Duration::from_millis(1)), POLL_FAST);
+        assert_eq!(poll_every(UNTAKEN), POLL_SLOW);
+        assert_eq!(poll_every(RESULT_MAX), POLL_SLOW);
+        assert!(POLL_FAST < POLL_SLOW);
     }
 
     #[test]
@@ -252,18 +300,20 @@ mod tests {
                 dir(),
                 &Seen::Untaken,
                 UNTAKEN - Duration::from_millis(1),
-                None
+                None,
+                RESULT_MAX
             ),
             Next::Wait(None)
         );
-        let Next::Wait(Some(why)) = next(dir(), &Seen::Untaken, UNTAKEN, None) else {
+        let Next::Wait(Some(why)) = next(dir(), &Seen::Untaken, UNTAKEN, None, RESULT_MAX) else {
             panic!("an untaken request must say why it waits");
         };
         assert!(
             why.starts_with("pending: ") && why.contains(PATH_UNIT),
             "{why}"
         );
-        let Next::Wait(Some(why)) = next(dir(), &Seen::NoDir, Duration::ZERO, None) else {
+        let Next::Wait(Some(why)) = next(dir(), &Seen::NoDir, Duration::ZERO, None, RESULT_MAX)
+        else {
             panic!("a missing directory must say why it waits");
         };
         assert!(
@@ -279,14 +329,99 @@ mod tests {
                 dir(),
                 &Seen::Taken,
                 RESULT_MAX * 2,
-                Some(RESULT_MAX - Duration::from_secs(1))
+                Some(RESULT_MAX - Duration::from_secs(1)),
+                RESULT_MAX
             ),
             Next::Wait(None)
         );
         assert!(matches!(
-            next(dir(), &Seen::Taken, Duration::ZERO, Some(RESULT_MAX)),
-            Next::Failed(why) if why.contains("wrote no result")
+            next(dir(), &Seen::Taken, Duration::ZERO, Some(RESULT_MAX), RESULT_MAX),
+            Next::Failed(why) if why.contains("wrote no result within 15m")
         ));
+    }
+
+    /// Nothing on the host yet: no directory, pending and saying so; the directory comes,
+    /// the request is written and taken: done.
+    #[test]
+    fn a_missing_directory_is_pending_until_it_comes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("kubelet-restart");
+        let notes = std::sync::Mutex::new(Vec::new());
+        let host = {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::create_dir(&dir).unwrap();
+                let request = dir.join(REQUEST);
+                while !request.exists() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                std::fs::rename(&request, dir.join("taken")).unwrap();
+                std::fs::write(dir.join(RESULT), "success exited 0\n").unwrap();
+            })
+        };
+        let result = restart(&dir, &|| false, &|why| notes.lock().unwrap().push(why));
+        host.join().unwrap();
+        assert_eq!(result, Ok(()));
+        let notes = notes.into_inner().unwrap();
+        assert!(
+            notes
+                .first()
+                .is_some_and(|n| n.as_deref().is_some_and(|n| n.contains("does not exist"))),
+            "{notes:?}"
+        );
+        assert_eq!(
+            notes.last(),
+            Some(&None),
+            "the pending reason is cleared once done"
+        );
+        // A directory where the request cannot be written is a failure, not a wait.
+        let blocked = tmp.path().join("blocked");
+        std::fs::create_dir_all(blocked.join(REQUEST).join("inside")).unwrap();
+        let stop_at = Instant::now() + Duration::from_secs(5);
+        let why = restart(&blocked, &|| Instant::now() > stop_at, &|_| {}).unwrap_err();
+        assert!(
+            why.starts_with("cannot write the restart request in"),
+            "{why}"
+        );
+    }
+
+    /// A request the host took and never answered fails `result_max` after it was taken,
+    /// not after it was written; one not yet taken waits.
+    #[test]
+    fn a_taken_request_without_result_fails_after_its_wait_from_the_take() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let taken = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let host = {
+            let (dir, taken) = (dir.clone(), taken.clone());
+            std::thread::spawn(move || {
+                let request = dir.join(REQUEST);
+                while !request.exists() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                std::thread::sleep(Duration::from_millis(400));
+                std::fs::rename(&request, dir.join("taken")).unwrap();
+                *taken.lock().unwrap() = Some(Instant::now());
+            })
+        };
+        let stop_at = Instant::now() + Duration::from_secs(10);
+        let result = restart_within(
+            &dir,
+            Duration::from_millis(300),
+            &|| Instant::now() > stop_at,
+            &|_| {},
+        );
+        let failed_at = Instant::now();
+        host.join().unwrap();
+        let why = result.unwrap_err();
+        assert!(why.contains("wrote no result within 300ms"), "{why}");
+        let taken = taken.lock().unwrap().expect("taken");
+        assert!(
+            failed_at.duration_since(taken) >= Duration::from_millis(300),
+            "failed {:?} after the take",
+            failed_at.duration_since(taken)
+        );
     }
 
     #[test]
