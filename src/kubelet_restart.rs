@@ -384,6 +384,13 @@ mod tests {
             why.starts_with("cannot write the restart request in"),
             "{why}"
         );
+        // A last result that cannot be cleared (not a file) is a failure too: never a wait
+        // that could read it as this request's.
+        let stuck = tmp.path().join("stuck");
+        std::fs::create_dir_all(stuck.join(RESULT).join("inside")).unwrap();
+        let stop_at = Instant::now() + Duration::from_secs(5);
+        let why = restart(&stuck, &|| Instant::now() > stop_at, &|_| {}).unwrap_err();
+        assert!(why.starts_with("cannot clear"), "{why}");
     }
 
     /// A request the host took and never answered fails `result_max` after it was taken,
