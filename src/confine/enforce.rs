@@ -131,7 +131,7 @@ pub fn enforce(plan: &Plan) -> Enforced {
 }
 
 /// The rights behind each [`Access`] on a directory.
-fn rights(access: Access) -> BitFlags<AccessFs> {
+pub(super) fn rights(access: Access) -> BitFlags<AccessFs> {
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let replace =
         read | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::MakeReg | AccessFs::RemoveFile;
@@ -149,7 +149,7 @@ fn rights(access: Access) -> BitFlags<AccessFs> {
 }
 
 /// The rights of a directory that a rule on a file cannot carry.
-fn file_rights(rights: BitFlags<AccessFs>) -> BitFlags<AccessFs> {
+pub(super) fn file_rights(rights: BitFlags<AccessFs>) -> BitFlags<AccessFs> {
     rights
         & (AccessFs::ReadFile
             | AccessFs::WriteFile

@@ -458,3 +458,64 @@ fn a_targets_directory_not_there_yet_may_be_made_in_the_place_above_it() {
     assert_eq!(rule(&plan, "/etc/docker").unwrap().access, Access::Own);
     assert!(rule(&plan, "/etc/docker/certs.d").is_none());
 }
+
+#[test]
+fn each_access_gives_what_its_place_needs_and_never_a_link_a_device_or_a_program_elsewhere() {
+    use super::enforce::{file_rights, rights};
+    use landlock::AccessFs as Fs;
+    let never =
+        Fs::MakeSym | Fs::MakeChar | Fs::MakeBlock | Fs::MakeFifo | Fs::MakeSock | Fs::Refer;
+    let read = Fs::ReadFile | Fs::ReadDir;
+    let replace = read | Fs::WriteFile | Fs::Truncate | Fs::MakeReg | Fs::RemoveFile;
+    assert_eq!(rights(Access::ReadFile), Fs::ReadFile);
+    assert_eq!(rights(Access::Read), read);
+    // A target's directory: files replaced by rename, nothing else made or removed.
+    assert_eq!(rights(Access::Replace), replace);
+    assert_eq!(rights(Access::Make), replace | Fs::MakeDir);
+    assert_eq!(rights(Access::Own), replace | Fs::MakeDir | Fs::RemoveDir);
+    assert_eq!(rights(Access::Run), Fs::Execute | Fs::ReadFile);
+    assert_eq!(
+        rights(Access::RunAll),
+        Fs::Execute | Fs::ReadFile | Fs::ReadDir
+    );
+    assert_eq!(
+        rights(Access::Device),
+        Fs::ReadFile | Fs::WriteFile | Fs::IoctlDev
+    );
+    assert_eq!(rights(Access::Notify), Fs::ResolveUnix);
+    for access in [
+        Access::ReadFile,
+        Access::Read,
+        Access::Replace,
+        Access::Make,
+        Access::Own,
+        Access::Run,
+        Access::RunAll,
+        Access::Device,
+        Access::Notify,
+    ] {
+        assert!((rights(access) & never).is_empty(), "{access:?}");
+        // A rule on a file carries only what a file can be given.
+        let on_file = file_rights(rights(access));
+        assert!(
+            (on_file & (Fs::ReadDir | Fs::MakeReg | Fs::MakeDir | Fs::RemoveFile | Fs::RemoveDir))
+                .is_empty(),
+            "{access:?}"
+        );
+        assert_eq!(
+            on_file & Fs::ReadFile,
+            rights(access) & Fs::ReadFile,
+            "{access:?}"
+        );
+    }
+    assert_eq!(file_rights(rights(Access::Run)), Fs::Execute | Fs::ReadFile);
+    assert_eq!(
+        file_rights(rights(Access::Device)),
+        Fs::ReadFile | Fs::WriteFile | Fs::IoctlDev
+    );
+    assert_eq!(
+        file_rights(rights(Access::Replace)),
+        Fs::ReadFile | Fs::WriteFile | Fs::Truncate
+    );
+    assert_eq!(file_rights(rights(Access::Notify)), Fs::ResolveUnix);
+}
