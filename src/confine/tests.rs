@@ -272,6 +272,12 @@ fn what_holds_is_said_by_the_kernels_abi() {
             .unwrap()
             .contains("signals")
     );
+    // ABI 4 confines TCP ports: its warning is about the scopes alone.
+    let four = enforced(Some(4), true).warning().unwrap();
+    assert!(
+        four.contains("files and TCP ports but not signals"),
+        "{four}"
+    );
     let none = enforced(None, true);
     assert!(none.warning().unwrap().contains("no Landlock"));
     assert_eq!(
