@@ -224,17 +224,22 @@ impl Cluster {
         self.kubeconfig_for(&format!("system:node:{name}"), &["system:nodes"])
     }
 
-    /// A request as admin: the status code and the body.
-    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    /// curl's TLS arguments for the cluster's CA and its admin's client certificate.
+    fn as_admin(&self, cmd: &mut Command) {
         let pki = |name: &str| self.path(&format!("pki/{name}"));
-        let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "-m", "20", "-X", method, "-w", "\n%{http_code}"])
-            .arg("--cacert")
+        cmd.arg("--cacert")
             .arg(pki("ca.crt"))
             .arg("--cert")
             .arg(pki("admin.crt"))
             .arg("--key")
             .arg(pki("admin.key"));
+    }
+
+    /// A request as admin: the status code and the body.
+    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-m", "20", "-X", method, "-w", "\n%{http_code}"]);
+        self.as_admin(&mut cmd);
         with_body(&mut cmd, method, body);
         let out = cmd
             .arg(format!("{}{path}", self.url))
@@ -355,7 +360,6 @@ impl Cluster {
     /// Creates many Nodes as [`Cluster::create_node`] does, each with its report, in one curl
     /// of parallel requests (a fleet larger than a page of a list in seconds).
     pub fn create_nodes(&self, nodes: &[(String, Option<String>)]) {
-        let pki = |name: &str| self.path(&format!("pki/{name}"));
         let mut cmd = Command::new("curl");
         cmd.args(["-sS", "--parallel", "--parallel-max", "16"]);
         for (i, (name, held)) in nodes.iter().enumerate() {
@@ -367,14 +371,9 @@ impl Cluster {
                 metadata["annotations"] = json!({"kubelet-ca-agent/held": held});
             }
             let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata});
-            cmd.args(["-m", "60", "-o", "/dev/null", "-w", "%{http_code}\\n"])
-                .arg("--cacert")
-                .arg(pki("ca.crt"))
-                .arg("--cert")
-                .arg(pki("admin.crt"))
-                .arg("--key")
-                .arg(pki("admin.key"))
-                .args(["-H", "Content-Type: application/json", "--data-binary"])
+            cmd.args(["-m", "60", "-o", "/dev/null", "-w", "%{http_code}\\n"]);
+            self.as_admin(&mut cmd);
+            cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
                 .arg(body.to_string())
                 .arg(format!("{}/api/v1/nodes", self.url));
         }
@@ -452,17 +451,11 @@ impl Cluster {
     /// `test`, conflicts forced), at the path its apiVersion, kind, namespace and name make
     /// ([`object_path`]): the status code and the body.
     pub fn apply(&self, object: &Value) -> (u16, Value) {
-        let pki = |name: &str| self.path(&format!("pki/{name}"));
         let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "-m", "20", "-X", "PATCH", "-w", "\n%{http_code}"])
-            .arg("--cacert")
-            .arg(pki("ca.crt"))
-            .arg("--cert")
-            .arg(pki("admin.crt"))
-            .arg("--key")
-            .arg(pki("admin.key"))
-            // JSON is YAML: an apply patch may be either.
-            .args(["-H", "Content-Type: application/apply-patch+yaml"])
+        cmd.args(["-sS", "-m", "20", "-X", "PATCH", "-w", "\n%{http_code}"]);
+        self.as_admin(&mut cmd);
+        // JSON is YAML: an apply patch may be either.
+        cmd.args(["-H", "Content-Type: application/apply-patch+yaml"])
             .arg("--data-binary")
             .arg(object.to_string())
             .arg(format!(
