@@ -31,9 +31,10 @@ READ = {"get", "list", "watch"}
 # A write on Nodes: granted to a ServiceAccount only beside a ValidatingAdmissionPolicy
 # that confines it to the Node its token names (SPEC 8c), see check_node_writes.
 NODE_WRITES = {"patch", "update", "create", "delete", "deletecollection", "*"}
-# What the node report needs with the pod's own token: read its Node once, patch its
-# annotation (cluster-wide: every node has its own name), and create Events in default.
-NODE_REPORT = ("", "nodes", frozenset({"get", "patch"}), None)
+# What the node report needs with the pod's own token: follow its own Node (a metadata
+# watch by name, which RBAC cannot narrow), patch its annotation (cluster-wide: every node
+# has its own name), and create Events in default.
+NODE_REPORT = ("", "nodes", frozenset({"get", "list", "watch", "patch"}), None)
 NODE_EVENTS = ("", "events", frozenset({"create"}), "default")
 # The host directories a pod of this project may mount, each for a reason (and the same
 # list as the ValidatingAdmissionPolicy kubelet-ca-agent-pods names):

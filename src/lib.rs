@@ -14,6 +14,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod fleet;
+pub mod follow;
 pub mod fsutil;
 pub mod kubeconfig;
 pub mod kubelet_config;

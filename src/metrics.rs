@@ -126,7 +126,7 @@ pub struct Metrics {
     pub state_errors: Family<RecordLabels, Counter>,
     pub review_errors: Family<ReviewLabels, Counter>,
     /// Writes of this node's report on its Node (SPEC 8c).
-    pub node_report_writes: Counter,
+    pub node_report_writes: Family<CauseLabels, Counter>,
     /// Requests for this node's report that failed, by reason.
     pub node_report_errors: Family<ReasonLabels, Counter>,
     /// Events on the Node that were not recorded, by reason.
@@ -138,6 +138,11 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -359,7 +364,7 @@ impl Default for Metrics {
             watch_restarts: Family::default(),
             state_errors: Family::default(),
             review_errors: Family::default(),
-            node_report_writes: Counter::default(),
+            node_report_writes: Family::default(),
             node_report_errors: Family::default(),
             node_events_not_recorded: Family::default(),
             fleet: Default::default(),
@@ -532,7 +537,7 @@ pub fn registry(
     );
     registry.register(
         "kubelet_ca_node_report_writes",
-        "Writes of this node's report (the kubelet-ca-agent/held annotation) on its Node",
+        "Writes of this node's report (the kubelet-ca-agent/held annotation) on its Node, by cause (start, change; removed, edited, registered, restored: put back after something undid it)",
         m.node_report_writes.clone(),
     );
     registry.register(

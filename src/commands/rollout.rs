@@ -224,7 +224,9 @@ async fn wait_on(
             if verdict.done() {
                 return Ok(Exit::Success);
             }
-        } else if let Some(trouble) = now.problem.as_ref().filter(|t| t.refused) {
+        } else if let Some(trouble) = now.problem.as_ref().filter(|t| t.reason == "forbidden") {
+            // Refused for good. A 401 is not: the credentials are read again after one, and
+            // a client certificate rotated under the wait is used as soon as it is read.
             return Err(UsageError(format!("cannot read the Nodes: {}", trouble.text)).into());
         }
         let timed_out = async {

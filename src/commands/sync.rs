@@ -479,7 +479,7 @@ impl Cluster {
     }
 
     /// Every source of the file at `path`, in order; the first that cannot be used ends
-    /// its sync. Each cluster read has a deadline ([`cluster::REQUEST_DEADLINE`]): an API
+    /// its sync. Each cluster read has a deadline ([`crate::follow::REQUEST_DEADLINE`]): an API
     /// server that takes the request and never answers ends it with a line naming it, not
     /// a hang.
     fn read_sources(
@@ -504,7 +504,7 @@ impl Cluster {
                         Ok(parsed) => parsed,
                         Err(error) if error.reason() == "no_answer" => anyhow::bail!(
                             "source {spec}: the API server {server} did not answer within {}s (it took the request and sent nothing); {} was left as it was",
-                            cluster::REQUEST_DEADLINE.as_secs(),
+                            crate::follow::REQUEST_DEADLINE.as_secs(),
                             path.display()
                         ),
                         Err(error) => {

@@ -5,6 +5,7 @@ pub mod events;
 pub mod gauges;
 pub mod held;
 pub mod nodes;
+pub mod own_node;
 pub mod report;
 pub mod show;
 pub mod verdict;

@@ -1,7 +1,7 @@
 //! The Nodes as the cluster side follows them (SPEC 8c): their metadata only (name,
 //! deletionTimestamp and the `kubelet-ca-agent/held` annotation), listed once and then
 //! watched, under the same rules as a source's watch (SPEC 6), decided by the same state
-//! machine ([`crate::source::lifecycle::Watch`]): `410 Gone` lists again at once, an
+//! machine ([`crate::follow::lifecycle::Watch`]): `410 Gone` lists again at once, an
 //! unreachable server is asked again within 5 s, an answered failure backs off up to 30 s
 //! honouring `Retry-After`, and after a lost connection the Nodes are listed again, never
 //! resumed (a store restored from a backup is behind), a resourceVersion that went back
@@ -23,19 +23,17 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::api::{Api, ListParams, PartialObjectMeta, WatchEvent, WatchParams};
+use kube::Client;
+use kube::api::{Api, ListParams, ObjectList, PartialObjectMeta, WatchEvent, WatchParams};
 use tokio::sync::watch;
 
 use super::held;
 use super::verdict::{self, Ready, Report};
 use crate::credentials::Credentials;
-use crate::source::cluster::{self, REQUEST_DEADLINE, WATCH_SILENCE, WATCH_TIMEOUT_SECONDS};
-use crate::source::lifecycle::{self, Action, Failure, Happened, Report as Told, Watch};
-
-/// Nodes per page of a list: a thousand-node fleet in two requests, none of them large.
-const PAGE: u32 = 500;
+use crate::follow::lifecycle::Failure;
+use crate::follow::{self, Change, Events, Followed, Listed, PAGE, Problem, Selection};
 
 /// What is kept of one Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +72,7 @@ pub struct Fleet {
     /// Whether a list has been read: before that, the fleet is not known.
     pub listed: bool,
     /// Why the Nodes cannot be followed now (the last request failed), when that is so.
-    pub problem: Option<Trouble>,
+    pub problem: Option<Problem>,
 }
 
 impl Fleet {
@@ -149,75 +147,18 @@ fn kept(item: &PartialObjectMeta<KubeNode>) -> Option<(String, NodeMeta)> {
     Some((name, NodeMeta::of(deleting, annotation(item))))
 }
 
-/// What went wrong with a request about the Nodes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Trouble {
-    /// For an operator: what answered what, RBAC named when it is the cause.
-    pub text: String,
-    /// Its kind, for the watch's lifecycle.
-    pub failure: Failure,
-    /// The server refused these credentials (401, 403): asking again will not help.
-    pub refused: bool,
-}
-
-impl Trouble {
-    fn new(text: String, failure: Failure) -> Trouble {
-        Trouble {
-            text,
-            failure,
-            refused: false,
-        }
-    }
-}
-
-/// What went wrong with a request about the Nodes, said for an operator (RBAC named when
-/// it is the cause), and its kind for the watch's lifecycle.
-pub fn problem(server: &str, error: &kube::Error) -> Trouble {
-    let failure = cluster::failure_of(error);
-    let refused = matches!(error, kube::Error::Api(status) if matches!(status.code, 401 | 403));
-    let text = match error {
-        kube::Error::Api(status) if status.code == 403 => format!(
-            "{server}: HTTP 403: {} (reading the Nodes needs get, list and watch on nodes)",
-            crate::text::escape(&status.message)
-        ),
-        kube::Error::Api(status) => format!(
-            "{server}: HTTP {} {}: {}",
-            status.code,
-            crate::text::escape(&status.reason),
-            crate::text::escape(&status.message)
-        ),
-        other => format!("{server}: {}", cluster::transport_cause(other).1),
-    };
-    Trouble {
-        text,
-        failure,
-        refused,
-    }
-}
-
-/// A request that takes longer than [`REQUEST_DEADLINE`] is hung.
-async fn within<T>(
-    server: &str,
-    what: &str,
-    request: impl Future<Output = kube::Result<T>>,
-) -> Result<T, Trouble> {
-    match tokio::time::timeout(REQUEST_DEADLINE, request).await {
-        Ok(answer) => answer.map_err(|e| problem(server, &e)),
-        Err(_) => Err(Trouble::new(
+/// What went wrong with a request about the Nodes, RBAC named when it is the cause.
+fn about_nodes(problem: Problem) -> Problem {
+    match problem.reason {
+        "forbidden" => Problem::new(
+            problem.reason,
             format!(
-                "{server}: the API server took the {what} request about the Nodes and sent no answer within {}s",
-                REQUEST_DEADLINE.as_secs()
+                "{} (reading the Nodes needs get, list and watch on nodes)",
+                problem.text
             ),
-            Failure::Hung,
-        )),
-    }
-}
-
-fn list_params(selector: Option<&str>) -> ListParams {
-    let params = ListParams::default().limit(PAGE);
-    match selector {
-        Some(selector) => params.labels(selector),
-        None => params,
+            problem.failure,
+        ),
+        _ => problem,
     }
 }
 
@@ -227,20 +168,23 @@ pub async fn list(
     client: &kube::Client,
     server: &str,
     selector: Option<&str>,
-) -> Result<(Fleet, String), Trouble> {
+) -> Result<(Fleet, String), Problem> {
     let api: Api<KubeNode> = Api::all(client.clone());
-    let mut params = list_params(selector);
-    let mut items = Vec::new();
-    loop {
-        let page = within(server, "list", api.list_metadata(&params)).await?;
-        items.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => {
-                let rv = page.metadata.resource_version.unwrap_or_default();
-                return Ok((Fleet::listed(items), rv));
-            }
-        }
+    let params = selection(selector).list_params();
+    let page = |params: ListParams| {
+        let api = api.clone();
+        async move { api.list_metadata(&params).await }
+    };
+    let (items, rv) = follow::list_pages(server, &params, page)
+        .await
+        .map_err(about_nodes)?;
+    Ok((Fleet::listed(items), rv.unwrap_or_default()))
+}
+
+fn selection(selector: Option<&str>) -> Selection {
+    Selection {
+        fields: None,
+        labels: selector.map(str::to_string),
     }
 }
 
@@ -251,7 +195,7 @@ pub async fn readiness(
     client: &kube::Client,
     server: &str,
     selector: Option<&str>,
-) -> Result<BTreeMap<String, Ready>, Trouble> {
+) -> Result<BTreeMap<String, Ready>, Problem> {
     let mut ready = BTreeMap::new();
     let mut token: Option<String> = None;
     loop {
@@ -269,15 +213,19 @@ pub async fn readiness(
             )
             .body(Vec::new())
             .expect("a valid request");
-        let text = within(server, "list", client.request_text(request)).await?;
+        let text = follow::within(server, "list", client.request_text(request))
+            .await
+            .map_err(about_nodes)?;
         let table: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            Trouble::new(
+            Problem::new(
+                "api_error",
                 format!("{server}: the Nodes' table is not JSON: {e}"),
                 Failure::ANSWERED,
             )
         })?;
-        token = table_readiness(&table, &mut ready)
-            .map_err(|why| Trouble::new(format!("{server}: {why}"), Failure::ANSWERED))?;
+        token = table_readiness(&table, &mut ready).map_err(|why| {
+            Problem::new("api_error", format!("{server}: {why}"), Failure::ANSWERED)
+        })?;
         if token.is_none() {
             return Ok(ready);
         }
@@ -335,210 +283,101 @@ fn encode(value: &str) -> String {
     out
 }
 
-/// Follows the Nodes (with `selector` as a label selector) for as long as the process
-/// runs, each change of what is kept sent on `fleet`. A failure is told there too (the
-/// last known Nodes stay, with the problem), and its end.
+/// Follows the Nodes (with `selector` as a label selector) for as long as the task runs,
+/// each change of what is kept sent on `fleet`. A failure is told there too (the last known
+/// Nodes stay, with the problem), and its end.
 pub async fn follow(
-    mut credentials: Credentials,
+    credentials: Credentials,
     selector: Option<String>,
     fleet: watch::Sender<Arc<Fleet>>,
 ) {
-    let selector = selector.as_deref();
-    // Bookmarks are on by default.
-    let mut watch_params = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
-    if let Some(selector) = selector {
-        watch_params = watch_params.labels(selector);
-    }
-    let set_problem = |problem: Option<Trouble>| {
-        fleet.send_if_modified(|f| {
+    let nodes = Nodes {
+        selector,
+        fleet,
+        said_down: false,
+    };
+    follow::follow(credentials, nodes).await;
+}
+
+/// The follower's part for the Nodes.
+struct Nodes {
+    selector: Option<String>,
+    fleet: watch::Sender<Arc<Fleet>>,
+    /// Whether the failure was said in the log: once a spell.
+    said_down: bool,
+}
+
+impl Nodes {
+    fn set_problem(&self, problem: Option<Problem>) {
+        self.fleet.send_if_modified(|f| {
             if f.problem == problem {
                 return false;
             }
             Arc::make_mut(f).problem = problem.clone();
             true
         });
-    };
-    let (mut state, mut action) = Watch::start();
-    let mut open: Option<
-        BoxStream<'static, kube::Result<WatchEvent<PartialObjectMeta<KubeNode>>>>,
-    > = None;
-    let mut heard = tokio::time::Instant::now();
-    let mut said_down = false;
-    loop {
-        let current = credentials.mark_seen();
-        let Some(client) = current.client.clone() else {
-            if current.read {
-                set_problem(Some(Trouble::new(
-                    format!("no usable credentials: {}", current.why_none()),
-                    Failure::ANSWERED,
-                )));
-                state.lost();
-            }
-            credentials.changed().await;
-            continue;
-        };
-        let server = current.server.as_deref().unwrap_or("the API server");
-        let api: Api<KubeNode> = Api::all(client.clone());
-        let mut trouble: Option<Trouble> = None;
-        let happened = match &action {
-            Action::List => match list(&client, server, selector).await {
-                Ok((listed, rv)) if !rv.is_empty() => {
-                    fleet.send_modify(|f| *f = Arc::new(listed));
-                    Happened::Listed { rv }
-                }
-                Ok(_) => {
-                    trouble = Some(Trouble::new(
-                        format!(
-                            "{server}: the list of Nodes came without a resourceVersion to watch from"
-                        ),
-                        Failure::ANSWERED,
-                    ));
-                    Happened::Failed(Failure::ANSWERED)
-                }
-                Err(why) => {
-                    let failure = why.failure;
-                    trouble = Some(why);
-                    Happened::Failed(failure)
-                }
-            },
-            Action::Watch { rv } => {
-                match within(server, "watch", api.watch_metadata(&watch_params, rv)).await {
-                    Ok(events) => {
-                        open = Some(events.boxed());
-                        heard = tokio::time::Instant::now();
-                        Happened::Opened
-                    }
-                    Err(why) => {
-                        let failure = why.failure;
-                        trouble = Some(why);
-                        Happened::Failed(failure)
-                    }
-                }
-            }
-            Action::Read { confirm_at } => match open.as_mut() {
-                None => Happened::Ended,
-                Some(events) => {
-                    let confirm = async {
-                        match confirm_at {
-                            Some(at) => tokio::time::sleep_until(*at).await,
-                            None => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => {
-                            heard = tokio::time::Instant::now();
-                            let (happened, why) = item(next, server, state.rv(), &fleet);
-                            trouble = why;
-                            happened
-                        }
-                        () = confirm => Happened::StayedOpen,
-                    }
-                }
-            },
-            Action::Wait { until } => {
-                if credentials.newer_before(current.generation, *until).await {
-                    Happened::NewCredentials
-                } else {
-                    Happened::Waited
-                }
-            }
-        };
-        if happened == Happened::Failed(Failure::Expired) {
-            tracing::info!(
-                "the API server no longer has the Nodes' watch resourceVersion (410 Gone, as after a restart): listing the Nodes again"
-            );
-        }
-        let step = state.step(happened, tokio::time::Instant::now(), lifecycle::jitter());
-        if let Some(back) = &step.went_back {
-            tracing::warn!(
-                from = %back.from,
-                to = %back.to,
-                "the API server's store went back: its resourceVersion is now {} where the Nodes' watch had reached {} (a store restored from a backup?); following what it holds now",
-                back.to,
-                back.from,
-            );
-        }
-        match step.report {
-            Told::Down => {
-                let why = trouble.unwrap_or_else(|| {
-                    Trouble::new(
-                        format!("{server}: the Nodes' watch failed"),
-                        Failure::ANSWERED,
-                    )
-                });
-                if !said_down {
-                    tracing::warn!("cannot follow the Nodes: {}; retrying", why.text);
-                    said_down = true;
-                }
-                set_problem(Some(why));
-            }
-            Told::Up => {
-                if said_down {
-                    tracing::info!("following the Nodes again");
-                    said_down = false;
-                }
-                set_problem(None);
-            }
-            Told::Nothing => {}
-        }
-        if !matches!(step.action, Action::Read { .. }) {
-            open = None;
-        }
-        action = step.action;
     }
 }
 
-/// What an item of the open watch (or its silence) means for the lifecycle, the fleet
-/// changed as it says; with what went wrong, if anything did.
-fn item(
-    next: Result<
-        Option<kube::Result<WatchEvent<PartialObjectMeta<KubeNode>>>>,
-        tokio::time::error::Elapsed,
-    >,
-    server: &str,
-    rv: Option<&str>,
-    fleet: &watch::Sender<Arc<Fleet>>,
-) -> (Happened, Option<Trouble>) {
-    match next {
-        Ok(Some(Ok(WatchEvent::Error(status)))) => {
-            let why = problem(server, &kube::Error::Api(status.clone()));
-            (Happened::Failed(why.failure), Some(why))
+impl Followed for Nodes {
+    type K = PartialObjectMeta<KubeNode>;
+
+    fn name(&self) -> &str {
+        "the Nodes"
+    }
+
+    fn selection(&self) -> Selection {
+        selection(self.selector.as_deref())
+    }
+
+    async fn list(
+        &self,
+        client: Client,
+        params: ListParams,
+    ) -> kube::Result<ObjectList<Self::K>> {
+        Api::<KubeNode>::all(client).list_metadata(&params).await
+    }
+
+    async fn watch(
+        &self,
+        client: Client,
+        params: WatchParams,
+        rv: String,
+    ) -> kube::Result<Events<Self::K>> {
+        let api = Api::<KubeNode>::all(client);
+        api.watch_metadata(&params, &rv).await.map(StreamExt::boxed)
+    }
+
+    fn listed(&mut self, items: Vec<Self::K>, _: Listed, _: std::time::Instant) {
+        self.fleet
+            .send_modify(|f| *f = Arc::new(Fleet::listed(items)));
+        self.up(std::time::Instant::now());
+    }
+
+    fn changed(&mut self, change: Change<Self::K>, _: std::time::Instant) {
+        let event = match change {
+            Change::Applied(item) => WatchEvent::Modified(item),
+            Change::Deleted(item) => WatchEvent::Deleted(item),
+        };
+        self.fleet
+            .send_if_modified(|f| Arc::make_mut(f).apply(&event));
+    }
+
+    fn up(&mut self, _: std::time::Instant) {
+        if self.said_down {
+            tracing::info!("following the Nodes again");
+            self.said_down = false;
         }
-        Ok(Some(Ok(event))) => {
-            let at = match &event {
-                WatchEvent::Added(i) | WatchEvent::Modified(i) | WatchEvent::Deleted(i) => {
-                    i.metadata.resource_version.clone()
-                }
-                WatchEvent::Bookmark(b) => Some(b.metadata.resource_version.clone()),
-                WatchEvent::Error(_) => None,
-            };
-            let rv = at.or_else(|| rv.map(str::to_string)).unwrap_or_default();
-            fleet.send_if_modified(|f| Arc::make_mut(f).apply(&event));
-            (Happened::Delivered { rv }, None)
+        self.set_problem(None);
+    }
+
+    fn down(&mut self, problem: &Problem, _: std::time::Instant) {
+        let problem = about_nodes(problem.clone());
+        if !self.said_down {
+            tracing::warn!("cannot follow the Nodes: {}; retrying", problem.text);
+            self.said_down = true;
         }
-        Ok(None) => (
-            Happened::Ended,
-            Some(Trouble::new(
-                format!(
-                    "{server}: the Nodes' watch ended as soon as it was opened (a proxy that cuts streams?)"
-                ),
-                Failure::ANSWERED,
-            )),
-        ),
-        Ok(Some(Err(error))) => {
-            let why = problem(server, &error);
-            (Happened::Failed(why.failure), Some(why))
-        }
-        Err(_) => (
-            Happened::Failed(Failure::Hung),
-            Some(Trouble::new(
-                format!(
-                    "{server}: the Nodes' watch sent nothing for {}s: the API server or the connection to it is hung; listing again",
-                    WATCH_SILENCE.as_secs()
-                ),
-                Failure::Hung,
-            )),
-        ),
+        self.set_problem(Some(problem));
     }
 }
 
@@ -673,11 +512,16 @@ mod tests {
     fn a_selector_is_encoded_for_the_query() {
         assert_eq!(encode("role in (a,b),!x"), "role%20in%20%28a%2Cb%29%2C%21x");
         assert_eq!(encode("a-b_c.d~e"), "a-b_c.d~e");
+        let selected = selection(Some("a=b"));
         assert_eq!(
-            list_params(Some("a=b")).label_selector.as_deref(),
+            selected.list_params().label_selector.as_deref(),
             Some("a=b")
         );
-        assert_eq!(list_params(None).limit, Some(PAGE));
+        assert_eq!(
+            selected.watch_params().label_selector.as_deref(),
+            Some("a=b")
+        );
+        assert_eq!(selection(None), Selection::default());
     }
 
     #[test]
@@ -689,12 +533,14 @@ mod tests {
                     .boxed(),
             )
         };
-        let why = problem("https://h:6443", &status(403, "nodes is forbidden"));
+        let problem = |server, e| about_nodes(Problem::of(server, &e));
+        let why = problem("https://h:6443", status(403, "nodes is forbidden"));
         assert!(why.text.contains("get, list and watch on nodes"), "{why:?}");
-        assert_eq!((why.failure, why.refused), (Failure::ANSWERED, true));
-        assert!(problem("h", &status(401, "Unauthorized")).refused);
-        let why = problem("https://h:6443", &status(410, "too old\u{1b}"));
-        assert_eq!((why.failure, why.refused), (Failure::Expired, false));
+        assert_eq!((why.failure, why.reason), (Failure::ANSWERED, "forbidden"));
+        let why = problem("h", status(401, "Unauthorized"));
+        assert!(!why.text.contains("get, list and watch"), "{why:?}");
+        let why = problem("https://h:6443", status(410, "too old\u{1b}"));
+        assert_eq!((why.failure, why.reason), (Failure::Expired, "expired"));
         assert!(why.text.starts_with("https://h:6443: HTTP 410"), "{why:?}");
         assert!(!why.text.contains('\u{1b}'));
     }

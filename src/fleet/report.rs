@@ -21,9 +21,10 @@ use tokio::time::Instant;
 
 use super::events::{self, Notice, Regarding};
 use super::held::{ANNOTATION, Held};
+use super::own_node::{self, Seen};
 use crate::credentials::{Credentials, Current};
-use crate::metrics::{Metrics, ReasonLabels};
-use crate::source::lifecycle::{self, Backoff, Failure};
+use crate::follow::lifecycle::{self, Backoff, Failure};
+use crate::metrics::{CauseLabels, Metrics, ReasonLabels};
 use crate::status::{Check, Status, StatusRx};
 
 /// How long a report whose targets are not all known yet (the first pass, before every
@@ -34,28 +35,62 @@ const DEADLINE: Duration = Duration::from_secs(10);
 /// The field manager of the patch.
 const MANAGER: &str = "kubelet-ca-agent";
 
+/// Why the report is written, for `kubelet_ca_node_report_writes_total{cause}` and the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The first write of this process: the Node did not hold its report.
+    Start,
+    /// What the node holds, or why, changed.
+    Change,
+    /// Someone removed the annotation.
+    Removed,
+    /// Someone changed the annotation into something the node did not write.
+    Edited,
+    /// The Node was deleted and registered again (a new uid).
+    Registered,
+    /// The store was restored from a backup taken before the report.
+    Restored,
+}
+
+impl Cause {
+    /// The `cause` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::Start => "start",
+            Cause::Change => "change",
+            Cause::Removed => "removed",
+            Cause::Edited => "edited",
+            Cause::Registered => "registered",
+            Cause::Restored => "restored",
+        }
+    }
+
+    /// Whether the write puts back a report that something else undid (logged once each).
+    pub fn is_repair(self) -> bool {
+        matches!(
+            self,
+            Cause::Removed | Cause::Edited | Cause::Registered | Cause::Restored
+        )
+    }
+}
+
 /// What the policy asks for next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Read the Node's annotation as it stands (once, before the first write: an agent
-    /// restarted on a node whose report has not changed writes nothing).
-    Read,
-    /// Write this value.
-    Write(String),
-    /// Nothing to do before `until` (or a new status, or new credentials).
+    /// Write this value, for this cause.
+    Write(String, Cause),
+    /// Nothing to do before `until` (or a new status, new credentials, or news of the Node).
     Wait { until: Instant },
-    /// Nothing to do until a new status or new credentials.
+    /// Nothing to do until a new status, new credentials, or news of the Node.
     Idle,
 }
 
-/// How a request ended, as the policy tells them apart.
+/// How a write ended, as the policy tells them apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The Node's annotation, as read (`None`: it has none).
-    Read(Option<String>),
-    /// The write was accepted.
-    Written,
-    /// There is no such Node (yet).
+    /// The write was accepted; the Node's resourceVersion after it, when it is a number.
+    Written { rv: Option<u64> },
+    /// There is no such Node (it went between the watch and the write).
     NoNode,
     /// The request failed: its kind for the backoff, its reason label, and what to say.
     Failed {
@@ -63,6 +98,32 @@ pub enum Outcome {
         reason: &'static str,
         message: String,
     },
+}
+
+/// What the Node holds, as its watch says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnNode {
+    /// Not known: its watch has not listed it yet.
+    Unknown,
+    /// There is no such Node (yet: a new node registers it).
+    Missing,
+    /// The Node `uid`, with the report's annotation as it stands.
+    Holds {
+        uid: String,
+        annotation: Option<String>,
+    },
+}
+
+/// How the report stands, for the `node-report` check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The Node holds the true report.
+    Held,
+    /// Not written yet, and nothing failed: the first pass, the Node's watch, a Node not
+    /// registered yet.
+    Pending(String),
+    /// It cannot be written or kept: why.
+    Failed(String),
 }
 
 /// What the reporter knows, and the rules of what it does next. No socket, no clock: the
@@ -76,11 +137,22 @@ pub struct Policy {
     built: Option<Held>,
     /// Whether every target of `built` was known (every source read).
     settled: bool,
-    /// What the Node holds, as last written or read; `None` before it was read once.
-    on_node: Option<Option<Held>>,
+    /// What the Node holds, as its watch last said (or the last write made it).
+    node: OnNode,
+    /// The Node and the report it held of this node's, as last seen or written: what a
+    /// difference is measured from, to tell a change from a repair.
+    confirmed: Option<(String, Held)>,
+    /// The Node's resourceVersion after the last write: a state of the Node older than it
+    /// that the watch brings after the write is not what the Node holds.
+    written_rv: Option<u64>,
+    /// The last list of the Node stood on a store that went back, and nothing was written
+    /// since.
+    restored: bool,
+    /// Why the Node's watch fails, when it does.
+    watch_problem: Option<String>,
     backoff: Backoff,
     retry_at: Option<Instant>,
-    /// Why the Node does not hold the current report, when it does not.
+    /// Why the last write failed, when it did.
     problem: Option<String>,
 }
 
@@ -90,7 +162,11 @@ impl Policy {
             started: now,
             built: None,
             settled: false,
-            on_node: None,
+            node: OnNode::Unknown,
+            confirmed: None,
+            written_rv: None,
+            restored: false,
+            watch_problem: None,
             backoff: Backoff::default(),
             retry_at: None,
             problem: None,
@@ -104,6 +180,43 @@ impl Policy {
         match &self.built {
             Some(built) if built.same_as(&held) => {}
             _ => self.built = Some(held),
+        }
+        self.adopt();
+    }
+
+    /// The Node's watch says `node`, at resourceVersion `rv`; `restored`: it comes from a
+    /// list on a store that went back. A state older than the last write is passed over:
+    /// the watch brings it after the write, and the write's own state follows it.
+    pub fn seen(&mut self, node: OnNode, rv: Option<u64>, restored: bool) {
+        self.restored |= restored;
+        if let (Some(written), Some(rv), OnNode::Holds { .. }) = (self.written_rv, rv, &node)
+            && rv < written
+        {
+            return;
+        }
+        self.node = node;
+        self.adopt();
+    }
+
+    /// The Node's watch fails (`Some`, why) or follows it again (`None`).
+    pub fn watch_problem(&mut self, why: Option<String>) {
+        self.watch_problem = why;
+    }
+
+    /// What the Node holds is this node's report as built: it is confirmed, and its time
+    /// is the Node's (an agent restarted on a node whose report has not changed writes
+    /// nothing, and keeps the time).
+    fn adopt(&mut self) {
+        let (Some(built), OnNode::Holds { uid, annotation }) = (&mut self.built, &self.node) else {
+            return;
+        };
+        let Some(held) = annotation.as_deref().and_then(|v| Held::parse(v).ok()) else {
+            return;
+        };
+        if held.same_as(built) {
+            *built = held.clone();
+            self.confirmed = Some((uid.clone(), held));
+            self.restored = false;
         }
     }
 
@@ -120,6 +233,13 @@ impl Policy {
         if !can_ask {
             return Action::Idle;
         }
+        let OnNode::Holds { uid, annotation } = &self.node else {
+            return Action::Idle;
+        };
+        let on_node = annotation.as_deref().and_then(|v| Held::parse(v).ok());
+        if on_node.as_ref().is_some_and(|held| held.same_as(built)) {
+            return Action::Idle;
+        }
         if let Some(at) = self.retry_at
             && at > now
         {
@@ -131,38 +251,51 @@ impl Policy {
                 return Action::Wait { until: at };
             }
         }
-        match &self.on_node {
-            None => Action::Read,
-            Some(Some(held)) if held.same_as(built) => Action::Idle,
-            Some(_) => Action::Write(built.to_json()),
+        Action::Write(
+            built.to_json(),
+            self.cause(uid, annotation.is_some(), on_node),
+        )
+    }
+
+    /// Why the Node `uid`, whose annotation is `present` and holds `on_node` of this
+    /// node's reports, is to be written.
+    fn cause(&self, uid: &str, present: bool, on_node: Option<Held>) -> Cause {
+        if self.restored {
+            return Cause::Restored;
+        }
+        let Some((confirmed_uid, confirmed)) = &self.confirmed else {
+            return Cause::Start;
+        };
+        if confirmed_uid != uid {
+            return Cause::Registered;
+        }
+        match on_node {
+            _ if !present => Cause::Removed,
+            Some(held) if held.same_as(confirmed) => Cause::Change,
+            _ => Cause::Edited,
         }
     }
 
-    /// How the request of [`Policy::next`] ended, at `now`.
+    /// How the write of [`Policy::next`] ended, at `now`.
     pub fn outcome(&mut self, outcome: Outcome, now: Instant, jitter: f64) {
         match outcome {
-            Outcome::Read(value) => {
-                let held = value.as_deref().and_then(|v| Held::parse(v).ok());
-                // What the Node already says stands, with its time, when it is this.
-                if let (Some(on_node), Some(built)) = (&held, &mut self.built)
-                    && on_node.same_as(built)
+            Outcome::Written { rv } => {
+                if let (Some(built), OnNode::Holds { uid, annotation }) =
+                    (&self.built, &mut self.node)
                 {
-                    *built = on_node.clone();
+                    *annotation = Some(built.to_json());
+                    self.confirmed = Some((uid.clone(), built.clone()));
                 }
-                self.on_node = Some(held);
-                self.succeeded();
-            }
-            Outcome::Written => {
-                self.on_node = Some(self.built.clone());
-                self.succeeded();
+                self.written_rv = rv;
+                self.restored = false;
+                self.backoff.reset();
+                self.retry_at = None;
+                self.problem = None;
             }
             Outcome::NoNode => {
                 let delay = self.backoff.after(Failure::ANSWERED, jitter);
                 self.retry_at = Some(now + delay);
-                self.problem = Some(format!(
-                    "waiting for the Node to exist (a new node registers it); asking again in {}",
-                    seconds(delay)
-                ));
+                self.problem = None;
             }
             Outcome::Failed {
                 failure, message, ..
@@ -174,25 +307,33 @@ impl Policy {
         }
     }
 
-    fn succeeded(&mut self) {
-        self.backoff.reset();
-        self.retry_at = None;
-        self.problem = None;
-    }
-
-    /// Why the Node does not hold the current report, `None` when it does.
-    pub fn problem(&self, can_ask: Result<(), String>) -> Option<String> {
+    /// How the report stands. `can_ask`: why it cannot be asked for, when it cannot.
+    pub fn standing(&self, can_ask: Result<(), String>) -> Standing {
         if let Err(why) = can_ask {
-            return Some(why);
+            return Standing::Failed(why);
         }
-        let built = self.built.as_ref()?;
-        match &self.on_node {
-            Some(Some(held)) if held.same_as(built) => None,
-            _ => Some(
-                self.problem
-                    .clone()
-                    .unwrap_or_else(|| "not written yet".to_string()),
+        if let Some(why) = &self.watch_problem {
+            return Standing::Failed(format!("cannot follow its Node: {why}"));
+        }
+        let Some(built) = &self.built else {
+            return Standing::Pending("waiting for the first pass".to_string());
+        };
+        match &self.node {
+            OnNode::Unknown => Standing::Pending("waiting for the Node's watch".to_string()),
+            OnNode::Missing => Standing::Pending(
+                "waiting for the Node to exist (a new node registers it)".to_string(),
             ),
+            OnNode::Holds { annotation, .. } => {
+                let held = annotation.as_deref().and_then(|v| Held::parse(v).ok());
+                match (&self.problem, held) {
+                    (_, Some(held)) if held.same_as(built) => Standing::Held,
+                    (Some(problem), _) => Standing::Failed(problem.clone()),
+                    (None, _) if !self.settled && self.confirmed.is_none() => Standing::Pending(
+                        "waiting for every source to be read before the first report".to_string(),
+                    ),
+                    (None, _) => Standing::Pending("not written yet".to_string()),
+                }
+            }
         }
     }
 }
@@ -283,7 +424,9 @@ impl Reporter {
         let mut generation = credentials.current().generation;
         let mut said_name: Option<Result<String, String>> = None;
         let mut last = Arc::new(Status::default());
-        // The Node's uid, once read: the Events' reference.
+        // The watch of the Node the report goes to: its name, what it sees, its task.
+        let mut own: Option<Own> = None;
+        // The Node's uid, once seen: the Events' reference.
         let mut uid: Option<String> = None;
         // The last failure said in the log.
         let mut warned: Option<String> = None;
@@ -291,6 +434,33 @@ impl Reporter {
             let status = self.status.borrow_and_update().clone();
             let current = credentials.mark_seen();
             let name = node_name(self.node_name.as_deref(), &current);
+            if let Ok(name) = &name
+                && own.as_ref().is_none_or(|own| own.name != *name)
+            {
+                // A new name (the credentials name another node): the old Node's watch
+                // ends, and what it knew with it.
+                own = Some(Own::start(&credentials, name, &self.metrics));
+                policy.seen(OnNode::Unknown, None, false);
+            }
+            if let Some(own) = own.as_mut() {
+                let seen = own.seen.borrow_and_update().clone();
+                let restored = seen.restores != own.restores;
+                own.restores = seen.restores;
+                let (node, rv) = match &seen.node {
+                    _ if !seen.listed => (OnNode::Unknown, None),
+                    None => (OnNode::Missing, None),
+                    Some(node) => {
+                        uid = Some(node.uid.clone());
+                        let holds = OnNode::Holds {
+                            uid: node.uid.clone(),
+                            annotation: node.annotation.clone(),
+                        };
+                        (holds, node.rv)
+                    }
+                };
+                policy.seen(node, rv, restored);
+                policy.watch_problem(seen.problem.as_ref().map(|p| p.text.clone()));
+            }
             // The first pass publishes a status with the bundle's path.
             if !status.bundle_path.is_empty() && !Arc::ptr_eq(&status, &last) {
                 policy.observe(Held::of(&status, rfc3339_now()), settled(&status));
@@ -314,7 +484,7 @@ impl Reporter {
             if said_name.as_ref() != Some(&name) {
                 match &name {
                     Ok(name) => {
-                        tracing::info!(node = %name, "reporting what this node holds on its Node ({ANNOTATION})")
+                        tracing::info!(node = %name, "reporting what this node holds on its Node ({ANNOTATION}), and keeping it there")
                     }
                     Err(why) if current.read => {
                         tracing::warn!("not reporting what this node holds: {why}")
@@ -329,75 +499,82 @@ impl Reporter {
                 (Err(why), _) => Err(why.clone()),
                 (Ok(_), None) => Err(format!("no credentials: {}", current.why_none())),
             };
-            let now = Instant::now();
-            let action = policy.next(now, can_ask.is_ok());
-            let (Ok(name), Some(client)) = (&name, client) else {
+            let action = policy.next(Instant::now(), can_ask.is_ok());
+            let (Ok(name), Some(client), Action::Write(value, cause)) =
+                (&name, client, action.clone())
+            else {
                 self.show(&policy, can_ask);
-                if !self.wait(&mut credentials, None).await {
+                let until = match action {
+                    Action::Wait { until } => Some(until),
+                    _ => None,
+                };
+                if !self.wait(&mut credentials, own.as_mut(), until).await {
                     return;
                 }
                 continue;
             };
             let server = current.server.clone().unwrap_or_default();
             let api: Api<Node> = Api::all(client);
-            let outcome = match action {
-                Action::Read => {
-                    let (outcome, read_uid) = read(&api, name, &server).await;
-                    uid = read_uid.or(uid);
-                    Some(outcome)
-                }
-                Action::Write(value) => Some(write(&api, name, &server, &value).await),
-                Action::Wait { until } => {
-                    self.show(&policy, can_ask);
-                    if !self.wait(&mut credentials, Some(until)).await {
-                        return;
-                    }
-                    None
-                }
-                Action::Idle => {
-                    self.show(&policy, can_ask);
-                    if !self.wait(&mut credentials, None).await {
-                        return;
-                    }
-                    None
-                }
-            };
-            if let Some(outcome) = outcome {
-                self.count(&outcome, name, &mut warned);
-                policy.outcome(outcome, Instant::now(), lifecycle::jitter());
-                self.show(&policy, Ok(()));
-            }
+            let outcome = write(&api, name, &server, &value).await;
+            self.count(&outcome, cause, name, &mut warned);
+            policy.outcome(outcome, Instant::now(), lifecycle::jitter());
+            self.show(&policy, Ok(()));
         }
     }
 
-    /// Waits for a new status, new credentials, or `until`; false when the loop ended.
-    async fn wait(&mut self, credentials: &mut Credentials, until: Option<Instant>) -> bool {
+    /// Waits for a new status, new credentials, news of the Node, or `until`; false when
+    /// the loop ended.
+    async fn wait(
+        &mut self,
+        credentials: &mut Credentials,
+        own: Option<&mut Own>,
+        until: Option<Instant>,
+    ) -> bool {
         let sleep = async {
             match until {
                 Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
+        let node = async {
+            match own {
+                Some(own) => {
+                    if own.seen.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = self.status.changed() => changed.is_ok(),
             () = credentials.changed() => true,
+            () = node => true,
             () = sleep => true,
         }
     }
 
-    /// Counts an outcome, and says it in the log: a failure once until it changes or the
-    /// report gets through.
-    fn count(&self, outcome: &Outcome, name: &str, warned: &mut Option<String>) {
+    /// Counts an outcome, and says it in the log: a repair once each, a failure once until
+    /// it changes or the report gets through.
+    fn count(&self, outcome: &Outcome, cause: Cause, name: &str, warned: &mut Option<String>) {
         match outcome {
-            Outcome::Written => {
-                self.metrics.node_report_writes.inc();
+            Outcome::Written { .. } => {
+                self.metrics
+                    .node_report_writes
+                    .get_or_create(&CauseLabels {
+                        cause: cause.label().to_string(),
+                    })
+                    .inc();
                 *warned = None;
-                tracing::debug!(node = %name, "wrote what this node holds on its Node");
+                if cause.is_repair() {
+                    tracing::info!(node = %name, cause = cause.label(), "put this node's report back on its Node ({})", repaired(cause));
+                } else {
+                    tracing::debug!(node = %name, cause = cause.label(), "wrote what this node holds on its Node");
+                }
             }
-            Outcome::Read(_) => *warned = None,
             Outcome::NoNode => {
                 self.error("node_missing");
-                tracing::debug!(node = %name, "the Node does not exist yet: waiting for it");
+                tracing::debug!(node = %name, "the Node went away before the write: waiting for it");
             }
             Outcome::Failed {
                 reason, message, ..
@@ -422,9 +599,15 @@ impl Reporter {
             .inc();
     }
 
-    /// Publishes the `node-report` check, when it says something new.
+    /// Publishes the `node-report` check, when it says something new: pending (never
+    /// failed) before the first write and while the Node is not registered.
     fn show(&self, policy: &Policy, can_ask: Result<(), String>) {
-        let check = Check::shown("node-report".to_string(), policy.problem(can_ask));
+        let name = "node-report".to_string();
+        let check = match policy.standing(can_ask) {
+            Standing::Held => Check::shown(name, None),
+            Standing::Pending(why) => Check::pending(name, why),
+            Standing::Failed(why) => Check::shown(name, Some(why)),
+        };
         self.check.send_if_modified(|shown| {
             let new = Some(&check) != shown.as_ref();
             if new {
@@ -435,20 +618,48 @@ impl Reporter {
     }
 }
 
-/// Reads the Node's annotation, and its uid.
-async fn read(api: &Api<Node>, name: &str, server: &str) -> (Outcome, Option<String>) {
-    match tokio::time::timeout(DEADLINE, api.get_metadata_opt(name)).await {
-        Ok(Ok(Some(node))) => (
-            Outcome::Read(
-                node.metadata
-                    .annotations
-                    .and_then(|mut a| a.remove(ANNOTATION)),
-            ),
-            node.metadata.uid,
-        ),
-        Ok(Ok(None)) => (Outcome::NoNode, None),
-        Ok(Err(e)) => (failed(&e, server, name), None),
-        Err(_) => (hung(server), None),
+/// What a repair put right, for the log.
+fn repaired(cause: Cause) -> &'static str {
+    match cause {
+        Cause::Removed => "someone removed the annotation",
+        Cause::Edited => "someone changed the annotation",
+        Cause::Registered => "the Node was registered again",
+        Cause::Restored => "the API server's store was restored from a backup",
+        Cause::Start | Cause::Change => "it changed",
+    }
+}
+
+/// The watch of the Node the report goes to.
+struct Own {
+    name: String,
+    seen: watch::Receiver<Seen>,
+    /// The restores counted when last looked at.
+    restores: u64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Own {
+    fn start(credentials: &Credentials, name: &str, metrics: &Arc<Metrics>) -> Own {
+        let (tx, seen) = watch::channel(Seen::default());
+        let follow = own_node::follow(
+            credentials.clone(),
+            name.to_string(),
+            tx,
+            Some(metrics.clone()),
+        );
+        let task = tokio::spawn(follow);
+        Own {
+            name: name.to_string(),
+            seen,
+            restores: 0,
+            task,
+        }
+    }
+}
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -465,7 +676,13 @@ async fn write(api: &Api<Node>, name: &str, server: &str, value: &str) -> Outcom
     )
     .await
     {
-        Ok(Ok(_)) => Outcome::Written,
+        Ok(Ok(node)) => Outcome::Written {
+            rv: node
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|rv| rv.parse().ok()),
+        },
         Ok(Err(kube::Error::Api(status))) if status.code == 404 => Outcome::NoNode,
         Ok(Err(e)) => failed(&e, server, name),
         Err(_) => hung(server),
@@ -499,7 +716,7 @@ fn failed(error: &kube::Error, server: &str, name: &str) -> Outcome {
     };
     if reason == "forbidden" {
         message = format!(
-            "{message} (a node may write only its own Node: is {} this node's name, and the credentials this node's?)",
+            "{message} (a node may read and write only its own Node: is {} this node's name, and the credentials this node's?)",
             crate::text::escape(name)
         );
     }
@@ -543,25 +760,50 @@ mod tests {
         Held::of(status, at.to_string())
     }
 
+    fn holds(uid: &str, annotation: Option<String>) -> OnNode {
+        OnNode::Holds {
+            uid: uid.into(),
+            annotation,
+        }
+    }
+
+    /// The write the policy asks for, with its cause.
+    fn write(p: &Policy, now: Instant) -> (Held, Cause) {
+        match p.next(now, true) {
+            Action::Write(json, cause) => (Held::parse(&json).unwrap(), cause),
+            other => panic!("a write, not {other:?}"),
+        }
+    }
+
     #[test]
-    fn it_reads_the_node_once_then_writes_only_when_the_report_changes() {
+    fn it_writes_once_per_change_and_only_when_the_node_does_not_hold_the_report() {
         let now = Instant::now();
         let mut p = Policy::new(now);
         assert_eq!(p.next(now, true), Action::Idle, "nothing built yet");
         let s = status(Some(true));
         p.observe(held(&s, "t1"), true);
+        assert_eq!(
+            p.next(now, true),
+            Action::Idle,
+            "the Node's watch has not listed it"
+        );
+        p.seen(holds("u1", None), Some(5), false);
         assert_eq!(p.next(now, false), Action::Idle, "no credentials or name");
-        assert_eq!(p.next(now, true), Action::Read);
-        p.outcome(Outcome::Read(None), now, MIN);
         // The same status again before the write: the report keeps the time it changed.
         p.observe(held(&s, "t1, again"), true);
-        let Action::Write(json) = p.next(now, true) else {
-            panic!("a write")
-        };
-        assert_eq!(Held::parse(&json).unwrap(), held(&s, "t1"));
-        p.outcome(Outcome::Written, now, MIN);
+        assert_eq!(write(&p, now), (held(&s, "t1"), Cause::Start));
+        p.outcome(Outcome::Written { rv: Some(6) }, now, MIN);
         assert_eq!(p.next(now, true), Action::Idle);
-        assert_eq!(p.problem(Ok(())), None);
+        assert_eq!(p.standing(Ok(())), Standing::Held);
+        // The watch brings the Node as it was before the write, then the write itself.
+        p.seen(holds("u1", None), Some(5), false);
+        assert_eq!(
+            p.next(now, true),
+            Action::Idle,
+            "an older state is passed over"
+        );
+        p.seen(holds("u1", Some(held(&s, "t1").to_json())), Some(6), false);
+        assert_eq!(p.next(now, true), Action::Idle);
         // The same report at another time: nothing to write, and its time stays.
         p.observe(held(&s, "t2"), true);
         assert_eq!(p.next(now, true), Action::Idle);
@@ -569,11 +811,85 @@ mod tests {
         let mut changed = s.clone();
         changed.in_sync = Some(false);
         p.observe(held(&changed, "t3"), true);
-        assert_eq!(p.problem(Ok(())).as_deref(), Some("not written yet"));
-        let Action::Write(json) = p.next(now, true) else {
-            panic!("a write")
-        };
-        assert_eq!(Held::parse(&json).unwrap().changed, "t3");
+        assert_eq!(
+            p.standing(Ok(())),
+            Standing::Pending("not written yet".into())
+        );
+        let (written, cause) = write(&p, now);
+        assert_eq!((written.changed.as_str(), cause), ("t3", Cause::Change));
+    }
+
+    #[test]
+    fn a_report_undone_is_put_back_and_the_cause_said() {
+        let now = Instant::now();
+        let mut p = Policy::new(now);
+        let s = status(Some(true));
+        let ours = held(&s, "t").to_json();
+        p.observe(held(&s, "t"), true);
+        p.seen(holds("u1", Some(ours.clone())), Some(5), false);
+        assert_eq!(
+            p.next(now, true),
+            Action::Idle,
+            "it holds the report already"
+        );
+        // Removed.
+        p.seen(holds("u1", None), Some(7), false);
+        assert_eq!(write(&p, now).1, Cause::Removed);
+        p.outcome(Outcome::Written { rv: Some(8) }, now, MIN);
+        // Edited into a lie: a report that says the node is out of sync.
+        let mut lie = s.clone();
+        lie.in_sync = Some(false);
+        p.seen(holds("u1", Some(held(&lie, "t").to_json())), Some(9), false);
+        assert_eq!(write(&p, now), (held(&s, "t"), Cause::Edited));
+        // Edited into something that is no report at all.
+        p.seen(holds("u1", Some("{not json".into())), Some(10), false);
+        assert_eq!(write(&p, now).1, Cause::Edited);
+        p.outcome(Outcome::Written { rv: Some(11) }, now, MIN);
+        // Deleted, then registered again: waited for, then a new uid.
+        p.seen(OnNode::Missing, None, false);
+        assert_eq!(p.next(now, true), Action::Idle);
+        assert!(
+            matches!(p.standing(Ok(())), Standing::Pending(why) if why.starts_with("waiting for the Node to exist"))
+        );
+        p.seen(holds("u2", None), Some(12), false);
+        assert_eq!(write(&p, now).1, Cause::Registered);
+        p.outcome(Outcome::Written { rv: Some(13) }, now, MIN);
+        // A store restored from before the report: the old revision is not passed over
+        // when the Node does not hold it, and the cause is the restore.
+        p.seen(holds("u2", None), Some(4), true);
+        assert_eq!(
+            p.next(now, true),
+            Action::Idle,
+            "older than the write: passed over"
+        );
+        p.seen(holds("u2", None), Some(14), false);
+        assert_eq!(write(&p, now).1, Cause::Restored);
+        p.outcome(Outcome::Written { rv: Some(15) }, now, MIN);
+        // A restore whose Node already holds the report: nothing to write, and the next
+        // repair is not taken for a restore.
+        p.seen(holds("u2", Some(ours.clone())), Some(20), true);
+        assert_eq!(p.next(now, true), Action::Idle);
+        p.seen(holds("u2", None), Some(21), false);
+        assert_eq!(write(&p, now).1, Cause::Removed);
+    }
+
+    #[test]
+    fn each_cause_has_its_label_and_only_an_undoing_is_a_repair() {
+        let all = [
+            (Cause::Start, "start", false),
+            (Cause::Change, "change", false),
+            (Cause::Removed, "removed", true),
+            (Cause::Edited, "edited", true),
+            (Cause::Registered, "registered", true),
+            (Cause::Restored, "restored", true),
+        ];
+        for (cause, label, repair) in all {
+            assert_eq!(cause.label(), label);
+            assert_eq!(cause.is_repair(), repair, "{label}");
+            assert!(!repaired(cause).is_empty());
+        }
+        assert_ne!(repaired(Cause::Removed), repaired(Cause::Edited));
+        assert_ne!(repaired(Cause::Registered), repaired(Cause::Restored));
     }
 
     #[test]
@@ -582,22 +898,24 @@ mod tests {
         let mut p = Policy::new(now);
         let s = status(Some(true));
         p.observe(held(&s, "later"), true);
-        let there = held(&s, "earlier").to_json();
-        p.outcome(Outcome::Read(Some(there)), now, MIN);
+        p.seen(
+            holds("u1", Some(held(&s, "earlier").to_json())),
+            None,
+            false,
+        );
         assert_eq!(p.next(now, true), Action::Idle);
+        assert_eq!(p.standing(Ok(())), Standing::Held);
         // A later change is stamped anew; the unchanged one kept the Node's time.
         let mut changed = s.clone();
         changed.in_sync = Some(false);
         p.observe(held(&changed, "new"), true);
-        let Action::Write(json) = p.next(now, true) else {
-            panic!("a write")
-        };
-        assert_eq!(Held::parse(&json).unwrap().changed, "new");
+        let (written, cause) = write(&p, now);
+        assert_eq!((written.changed.as_str(), cause), ("new", Cause::Change));
         // Something else on the Node (an older report, an invalid one) is written over.
         let mut p = Policy::new(now);
         p.observe(held(&s, "t"), true);
-        p.outcome(Outcome::Read(Some("{not json".into())), now, MIN);
-        assert!(matches!(p.next(now, true), Action::Write(_)));
+        p.seen(holds("u1", Some("{not json".into())), None, false);
+        assert_eq!(write(&p, now).1, Cause::Start);
     }
 
     #[test]
@@ -605,16 +923,20 @@ mod tests {
         let now = Instant::now();
         let mut p = Policy::new(now);
         p.observe(held(&status(None), "t"), false);
+        p.seen(holds("u1", None), None, false);
         assert_eq!(
             p.next(now, true),
             Action::Wait {
                 until: now + SETTLE
             }
         );
-        assert_eq!(p.next(now + SETTLE, true), Action::Read);
+        assert!(
+            matches!(p.standing(Ok(())), Standing::Pending(why) if why.contains("every source"))
+        );
+        assert!(matches!(p.next(now + SETTLE, true), Action::Write(..)));
         // Every source read: at once.
         p.observe(held(&status(Some(true)), "t"), true);
-        assert_eq!(p.next(now, true), Action::Read);
+        assert!(matches!(p.next(now, true), Action::Write(..)));
     }
 
     #[test]
@@ -622,6 +944,7 @@ mod tests {
         let now = Instant::now();
         let mut p = Policy::new(now);
         p.observe(held(&status(Some(true)), "t"), true);
+        p.seen(holds("u1", None), None, false);
         let refused = Outcome::Failed {
             failure: Failure::ANSWERED,
             reason: "forbidden",
@@ -632,7 +955,9 @@ mod tests {
             panic!("a wait")
         };
         assert_eq!(until - now, lifecycle::ANSWERED_FIRST / 2);
-        let problem = p.problem(Ok(())).unwrap();
+        let Standing::Failed(problem) = p.standing(Ok(())) else {
+            panic!("failed")
+        };
         assert!(
             problem.starts_with("HTTP 403 Forbidden; trying again in 0.4s"),
             "{problem}"
@@ -656,9 +981,9 @@ mod tests {
             panic!("a wait")
         };
         assert!(until - now >= Duration::from_secs(7));
-        assert_eq!(p.next(until, true), Action::Read);
+        assert!(matches!(p.next(until, true), Action::Write(..)));
         p.new_credentials();
-        assert_eq!(p.next(now, true), Action::Read);
+        assert!(matches!(p.next(now, true), Action::Write(..)));
         // Unreachable: at most 5 s.
         for _ in 0..10 {
             p.outcome(
@@ -676,10 +1001,8 @@ mod tests {
         };
         assert!(until - now <= lifecycle::UNREACHABLE_MAX);
         // Success resets it all.
-        p.outcome(Outcome::Read(None), now, MIN);
-        assert!(matches!(p.next(now, true), Action::Write(_)));
-        p.outcome(Outcome::Written, now, MIN);
-        assert_eq!(p.problem(Ok(())), None);
+        p.outcome(Outcome::Written { rv: None }, now, MIN);
+        assert_eq!(p.standing(Ok(())), Standing::Held);
         p.observe(held(&status(Some(false)), "t2"), true);
         p.outcome(
             Outcome::Failed {
@@ -694,23 +1017,43 @@ mod tests {
             panic!("a wait")
         };
         assert_eq!(until - now, lifecycle::ANSWERED_FIRST / 2, "reset");
+        // A Node that went between the watch and the write: backed off, and pending.
+        p.outcome(Outcome::NoNode, now, MIN);
+        assert!(matches!(p.next(now, true), Action::Wait { .. }));
     }
 
     #[test]
-    fn a_missing_node_is_waited_for_quietly() {
+    fn pending_is_not_failed_and_a_watch_that_fails_is() {
         let now = Instant::now();
         let mut p = Policy::new(now);
-        p.observe(held(&status(Some(true)), "t"), true);
-        p.outcome(Outcome::NoNode, now, MIN);
-        let problem = p.problem(Ok(())).unwrap();
-        assert!(
-            problem.starts_with("waiting for the Node to exist"),
-            "{problem}"
+        assert_eq!(
+            p.standing(Ok(())),
+            Standing::Pending("waiting for the first pass".into())
         );
-        assert!(matches!(p.next(now, true), Action::Wait { .. }));
-        assert_eq!(p.problem(Err("no name".into())).as_deref(), Some("no name"));
-        // Nothing built: nothing to say.
-        assert_eq!(Policy::new(now).problem(Ok(())), None);
+        p.observe(held(&status(Some(true)), "t"), true);
+        assert_eq!(
+            p.standing(Ok(())),
+            Standing::Pending("waiting for the Node's watch".into())
+        );
+        p.seen(OnNode::Missing, None, false);
+        assert!(
+            matches!(p.standing(Ok(())), Standing::Pending(why) if why.contains("a new node registers it"))
+        );
+        assert_eq!(
+            p.standing(Err("no name".into())),
+            Standing::Failed("no name".into())
+        );
+        p.watch_problem(Some("HTTP 403".into()));
+        assert_eq!(
+            p.standing(Ok(())),
+            Standing::Failed("cannot follow its Node: HTTP 403".into())
+        );
+        p.watch_problem(None);
+        p.seen(holds("u", None), None, false);
+        assert_eq!(
+            p.standing(Ok(())),
+            Standing::Pending("not written yet".into())
+        );
     }
 
     #[test]
@@ -816,7 +1159,9 @@ mod tests {
             panic!("a failure")
         };
         assert!(
-            message.contains("a node may write only its own Node: is worker-1 this node's name"),
+            message.contains(
+                "a node may read and write only its own Node: is worker-1 this node's name"
+            ),
             "{message}"
         );
         let Outcome::Failed { message, .. } = failed(&api(500), "https://h:6443", "worker-1")

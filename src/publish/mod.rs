@@ -30,12 +30,12 @@ use crate::bundle::{self, Certificate, Fingerprint, Policy, SourceCertificates};
 use crate::config::{ConfigMapRef, Publish, Server};
 use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
+use crate::follow::lifecycle::{self, Backoff, Failure};
 use crate::metrics::{FileLabels, FileReasonLabels, Metrics, SourceReasonLabels};
 use crate::registry::Entries;
 use crate::server::endpoint::Endpoint;
 use crate::server::{self, Pongs};
 use crate::source::cluster::{self, Content, Event, Raw, Update};
-use crate::source::lifecycle::{self, Backoff, Failure};
 use crate::source::state::SourceState;
 use crate::source::{SourceError, SourceSpec};
 use crate::status::{Status, TargetKind, unix_now};
@@ -163,7 +163,7 @@ fn policy(args: &Publish) -> Policy {
 fn no_answer(what: &str, server: &str) -> anyhow::Error {
     anyhow::anyhow!(
         "{what}: the API server {server} did not answer within {}s (it took the request and sent nothing); the ConfigMap was left as it was",
-        cluster::REQUEST_DEADLINE.as_secs()
+        crate::follow::REQUEST_DEADLINE.as_secs()
     )
 }
 
@@ -227,12 +227,12 @@ async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Res
         .with_context(|| format!("{to} was left as it was"))?;
     let rendered: Arc<[u8]> = built.bundle.render().into();
     let api: Api<ConfigMap> = Api::namespaced(client, &to.namespace);
-    let current = match tokio::time::timeout(cluster::REQUEST_DEADLINE, api.get_opt(&to.name)).await
-    {
-        Ok(Ok(current)) => current,
-        Ok(Err(e)) => return Err(anyhow::anyhow!("cannot read {to}: {}", kube_error(&e))),
-        Err(_) => return Err(no_answer(&format!("reading {to}"), server)),
-    };
+    let current =
+        match tokio::time::timeout(crate::follow::REQUEST_DEADLINE, api.get_opt(&to.name)).await {
+            Ok(Ok(current)) => current,
+            Ok(Err(e)) => return Err(anyhow::anyhow!("cannot read {to}: {}", kube_error(&e))),
+            Err(_) => return Err(no_answer(&format!("reading {to}"), server)),
+        };
     let observed = current.as_ref().map(|c| Observed::of(c, &to.key));
     let empty = Observed::new(None, None, None);
     let seen = observed.as_ref().unwrap_or(&empty);
@@ -288,7 +288,12 @@ async fn once(args: &Publish, client: kube::Client, server: &str) -> anyhow::Res
         &source_annotations(args),
         before.as_deref(),
     );
-    match tokio::time::timeout(cluster::REQUEST_DEADLINE, apply(&api, &to.name, &body)).await {
+    match tokio::time::timeout(
+        crate::follow::REQUEST_DEADLINE,
+        apply(&api, &to.name, &body),
+    )
+    .await
+    {
         Ok(Ok(_)) => {
             tracing::info!(to = %to, certificates = built.bundle.len(), sha256 = %sha256, other_keys = keys, "published");
             fail(&failures)
@@ -1027,21 +1032,25 @@ impl Publisher {
                     return;
                 }
             };
-            let outcome =
-                match tokio::time::timeout(cluster::REQUEST_DEADLINE, apply(&api, &name, &body))
-                    .await
-                {
-                    Ok(Ok(cm)) => Outcome::Applied(Observed::of(&cm, &key)),
-                    Ok(Err(kube::Error::Api(status))) if status.code == 409 => Outcome::Moved,
-                    Ok(Err(e)) => Outcome::Failed(kube_error(&e), cluster::failure_of(&e)),
-                    Err(_) => Outcome::Failed(
-                        format!(
-                            "the API server sent no answer within {}s",
-                            cluster::REQUEST_DEADLINE.as_secs()
-                        ),
-                        Failure::ANSWERED,
+            let outcome = match tokio::time::timeout(
+                crate::follow::REQUEST_DEADLINE,
+                apply(&api, &name, &body),
+            )
+            .await
+            {
+                Ok(Ok(cm)) => Outcome::Applied(Observed::of(&cm, &key)),
+                Ok(Err(kube::Error::Api(status))) if status.code == 409 => Outcome::Moved,
+                Ok(Err(e)) => {
+                    Outcome::Failed(kube_error(&e), crate::follow::problem::failure_of(&e))
+                }
+                Err(_) => Outcome::Failed(
+                    format!(
+                        "the API server sent no answer within {}s",
+                        crate::follow::REQUEST_DEADLINE.as_secs()
                     ),
-                };
+                    Failure::ANSWERED,
+                ),
+            };
             let _ = tx.send(applied(outcome));
         });
     }

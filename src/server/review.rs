@@ -689,7 +689,7 @@ async fn ask_within<T>(
             Err(failure(reason, &detail))
         }
         Ok(Err(e)) => {
-            let (reason, cause) = crate::source::cluster::transport_cause(&e);
+            let (reason, cause) = crate::follow::problem::transport_cause(&e);
             let reason = if reason == "tls" {
                 credentials.stale();
                 Reason::Tls

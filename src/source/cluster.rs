@@ -4,37 +4,28 @@
 //!
 //! Each object that sources read has one long-lived watch, shared by every spec that reads
 //! it (several fields of a ControllerConfig, several keys of a ConfigMap: SPEC 4b, one watch
-//! per object). It watches the single named object (field selector `metadata.name`, so RBAC
-//! by resourceNames is enough): list once, then watch with bookmarks, resume from the last
-//! resourceVersion after a disconnect, list again at once after `410 Gone`, and back off
-//! with jitter between failures by what failed, all as [`super::lifecycle`] decides. In
-//! steady state it makes no list. Each state of the object
-//! becomes one update per spec, with that spec's own content or its own error: a bad field
-//! for one spec does not fail the others.
-//!
-//! The loop is written here rather than taken from kube-runtime's `watcher` because the
-//! watcher hides what tells a live watch from a dead one: it swallows bookmarks and the
-//! clean end of a watch, and waits without limit on a request the server took and never
-//! answered. Here every request has a deadline and an open watch that stays silent (no event,
-//! no bookmark, no end) for [`WATCH_SILENCE`] is taken for dead and reported.
+//! per object), on the single named object (field selector `metadata.name`, so RBAC by
+//! resourceNames is enough). How it is listed, watched, resumed and backed off is the
+//! follower's ([`crate::follow`]); what is here is what the object means: each state of it
+//! becomes one update per spec, with that spec's own content or its own error, so that a bad
+//! field for one spec does not fail the others.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use base64::Engine;
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
-use kube::core::Status;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList, WatchParams};
 
-use super::lifecycle::{self, Action, Failure, Happened, Report, Watch};
 use super::{DEFAULT_CONTROLLERCONFIG_FIELD, Keys, SourceError, SourceSpec, parse_parts};
 use crate::bundle::SourceCertificates;
-use crate::credentials::{Credentials, Current};
+use crate::credentials::Credentials;
+use crate::follow::lifecycle::Failure;
+use crate::follow::{self, Change, Events, Listed, Problem, REQUEST_DEADLINE, Selection};
 use crate::registry;
 
 fn controllerconfig_resource() -> ApiResource {
@@ -46,25 +37,6 @@ fn controllerconfig_resource() -> ApiResource {
         plural: "controllerconfigs".into(),
     }
 }
-
-/// How long a list, or the start of a watch, may go unanswered before the API server counts as
-/// not answering. A single object by field selector comes back in milliseconds, and
-/// kube-apiserver answers a request it cannot finish within its own 60 s limit with a 504, so
-/// this only trips on a server (or a proxy) that took the request and went silent.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(25);
-
-/// How long an open watch may stay silent (no event, no bookmark, no end) before it is taken
-/// for dead. kube-apiserver sends a bookmark about once a minute (the cacher's bookmark
-/// frequency) once the resourceVersion has moved past the watch's start, and ends every watch
-/// at its `timeoutSeconds` ([`WATCH_TIMEOUT_SECONDS`], shorter than this) whatever happens, so
-/// a server that says nothing for this long is hung, or the connection to it is dead.
-pub const WATCH_SILENCE: Duration = Duration::from_secs(120);
-
-/// The `timeoutSeconds` of each watch. Under [`WATCH_SILENCE`] so that a watch on a quiet
-/// resource, which gets no bookmark (the server sends none until the resourceVersion moves
-/// past the one the watch started from), still ends, and is resumed, before it could be
-/// taken for dead. Resuming costs one watch request served from the watch cache; never a list.
-pub const WATCH_TIMEOUT_SECONDS: u32 = 100;
 
 /// One update from a source, for the loop that reads it.
 #[derive(Debug)]
@@ -400,208 +372,30 @@ pub fn controllerconfig_bundle(
     Ok(Some(bundle))
 }
 
-/// What went wrong with a request to `server`, and its kind for the watch's lifecycle: the
-/// API server's answer, or what kept the request from reaching it, said the way an operator
-/// can act on (`https://HOST:PORT: connection refused`, `... TLS: ...`), never the client
-/// library's bare `client error (Connect)`. A server that could not be reached at all
-/// (refused, reset, timed out) is [`Failure::Unreachable`]; a TLS failure is an answer.
+/// What went wrong with a request to `server` for `spec`, as the source's error, and its kind
+/// for a backoff: [`Problem::of`] under the spec's name.
 pub(crate) fn request_error(
     spec: &str,
     server: &str,
     error: &kube::Error,
 ) -> (SourceError, Failure) {
-    let source_error = match error {
-        kube::Error::Api(status) => status_error(spec, status),
-        other => {
-            let (reason, cause) = transport_cause(other);
-            SourceError::Cluster {
-                spec: spec.to_string(),
-                reason,
-                error: format!("{server}: {cause}"),
-            }
-        }
-    };
-    (source_error, failure_of(error))
+    let problem = Problem::of(server, error);
+    let failure = problem.failure;
+    (source_error(spec, problem), failure)
 }
 
-/// The kind of failure `error` is, for a backoff ([`lifecycle::Backoff`]): a server that
-/// could not be reached at all (refused, reset, timed out), `410 Gone`, or a failure the
-/// server answered (a TLS failure among them), with the wait it asked for.
-pub fn failure_of(error: &kube::Error) -> Failure {
-    match error {
-        kube::Error::Api(status) => status_failure(status),
-        other => match transport_cause(other).0 {
-            "unreachable" => Failure::Unreachable,
-            _ => Failure::ANSWERED,
+/// A problem of the follower or of a request, as the error of the source `spec`.
+fn source_error(spec: &str, problem: Problem) -> SourceError {
+    match problem.reason {
+        "credentials" => SourceError::Credentials {
+            spec: spec.to_string(),
+            problem: problem.text,
         },
-    }
-}
-
-/// The cause of a request that got no answer, from the innermost error that says it: a TLS
-/// failure (reason `tls`), a refused, reset or timed-out connection, or a failed name
-/// lookup (reason `unreachable`).
-pub fn transport_cause(error: &(dyn std::error::Error + 'static)) -> (&'static str, String) {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    let mut innermost = error.to_string();
-    let mut dns = false;
-    while let Some(e) = next {
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return ("tls", tls_problem(tls));
-        }
-        let io = e.downcast_ref::<std::io::Error>();
-        if let Some(io) = io {
-            use std::io::ErrorKind::*;
-            let said = match io.kind() {
-                ConnectionRefused => Some("connection refused"),
-                ConnectionReset => Some("connection reset by the server"),
-                ConnectionAborted => Some("connection aborted"),
-                TimedOut => Some("connection timed out"),
-                HostUnreachable => Some("no route to the host"),
-                NetworkUnreachable => Some("the network is unreachable"),
-                _ => None,
-            };
-            if let Some(said) = said {
-                return ("unreachable", said.to_string());
-            }
-        }
-        let text = e.to_string();
-        dns |= text.contains("dns error");
-        innermost = text;
-        // An I/O error wrapping another error (TLS errors come as one inside another) says
-        // where it came from through get_ref(): its source() skips the wrapped error.
-        next = match io.and_then(|io| io.get_ref()) {
-            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
-            None => e.source(),
-        };
-    }
-    let innermost = printable(&innermost);
-    if dns {
-        ("unreachable", format!("DNS lookup failed: {innermost}"))
-    } else {
-        ("unreachable", innermost)
-    }
-}
-
-/// A TLS failure, as the one line that tells what to fix.
-fn tls_problem(error: &rustls::Error) -> String {
-    use rustls::CertificateError as C;
-    match error {
-        rustls::Error::InvalidCertificate(c) => match c {
-            C::UnknownIssuer => "TLS: unknown authority: the server's certificate is not signed by a CA the agent trusts for it".to_string(),
-            C::Expired | C::ExpiredContext { .. } => "TLS: the server's certificate has expired".to_string(),
-            C::NotValidYet | C::NotValidYetContext { .. } => "TLS: the server's certificate is not valid yet (is the clock right?)".to_string(),
-            C::NotValidForName | C::NotValidForNameContext { .. } => "TLS: the server's certificate is not valid for this host name".to_string(),
-            // A trusted CA of the same name, with another key: a serving CA rotated under
-            // the same subject, as clusters do.
-            C::BadSignature => "TLS: unknown authority: the server's certificate is not signed by a CA the agent trusts for it (one of the same name is trusted, with another key)".to_string(),
-            other => format!("TLS: the server's certificate is not valid: {other:?}"),
+        reason => SourceError::Cluster {
+            spec: spec.to_string(),
+            reason,
+            error: problem.text,
         },
-        rustls::Error::AlertReceived(alert) => {
-            format!("TLS: the server refused the handshake ({alert:?}); is the client certificate one it accepts?")
-        }
-        other => format!("TLS: {other}"),
-    }
-}
-
-/// Whether a failure says that the credentials may be stale: refused as unauthorized, or a
-/// server certificate that the trusted CAs do not sign (the server moved to a new CA).
-fn proves_stale(error: &SourceError) -> bool {
-    matches!(
-        error,
-        SourceError::Cluster {
-            reason: "unauthorized" | "tls",
-            ..
-        }
-    )
-}
-
-/// `error`, with what the agent knows of its own credentials when they are the likely cause:
-/// an expired client certificate, or the CA the server's certificate was checked against.
-fn with_credentials_hint(error: SourceError, current: &Current) -> SourceError {
-    let SourceError::Cluster {
-        spec,
-        reason,
-        error,
-    } = error
-    else {
-        return error;
-    };
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let hint = match reason {
-        "unauthorized" => current.client_certificate().and_then(|cert| {
-            cert.is_expired_at(now).then(|| {
-                format!(
-                    " (the client certificate in use, {}, expired at {}: the agent reads the credentials again and uses the new certificate as soon as it is on disk)",
-                    current.client_certificate_origin.as_deref().unwrap_or("?"),
-                    crate::text::rfc3339(cert.not_after)
-                )
-            })
-        }),
-        "tls" => current
-            .ca_origin
-            .as_deref()
-            .map(|ca| format!(" (trusted for it: {ca})")),
-        _ => None,
-    };
-    SourceError::Cluster {
-        spec,
-        reason,
-        error: format!("{error}{}", hint.unwrap_or_default()),
-    }
-}
-
-/// An error answer: a metav1 Status, or what kube-rs made of a body that was not one (an HTML
-/// page or an empty body from a proxy or load balancer).
-fn status_error(spec: &str, status: &Status) -> SourceError {
-    let reason = match status.code {
-        401 => "unauthorized",
-        403 => "forbidden",
-        404 => "not_found",
-        410 => "expired",
-        _ => "api_error",
-    };
-    let code = status.code;
-    let error = if status.reason == "Failed to parse error data" {
-        // kube-rs puts the raw body in the message when it is not a Status.
-        match printable(&status.message) {
-            body if body.is_empty() => format!(
-                "HTTP {code} with an empty body, not a Kubernetes Status (a proxy or load balancer between here and the API server?)"
-            ),
-            body => format!(
-                "HTTP {code} with a body that is not a Kubernetes Status (a proxy or load balancer between here and the API server?): {body}"
-            ),
-        }
-    } else {
-        format!(
-            "HTTP {code} {}: {}",
-            printable(&status.reason),
-            printable(&status.message)
-        )
-    };
-    SourceError::Cluster {
-        spec: spec.to_string(),
-        reason,
-        error,
-    }
-}
-
-/// Text from the API server or a proxy, made safe for one log line or a health page: control
-/// characters and runs of whitespace become one space, and it is cut at 300 characters.
-fn printable(text: &str) -> String {
-    const MAX: usize = 300;
-    let mut out = String::new();
-    for word in text.split(|c: char| c.is_whitespace() || c.is_control()) {
-        if word.is_empty() {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.push_str(word);
-    }
-    match out.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{}...", &out[..cut]),
-        None => out,
     }
 }
 
@@ -612,55 +406,9 @@ async fn within<T>(
     what: &str,
     request: impl Future<Output = kube::Result<T>>,
 ) -> Result<T, SourceError> {
-    requested(spec, server, what, request)
+    follow::within(server, what, request)
         .await
-        .map_err(|(error, _)| error)
-}
-
-/// [`within`], with a failure told apart as the watch's lifecycle needs it.
-async fn requested<T>(
-    spec: &str,
-    server: &str,
-    what: &str,
-    request: impl Future<Output = kube::Result<T>>,
-) -> Result<T, (SourceError, Failure)> {
-    match tokio::time::timeout(REQUEST_DEADLINE, request).await {
-        Ok(answer) => answer.map_err(|e| request_error(spec, server, &e)),
-        Err(_) => Err((
-            SourceError::Cluster {
-                spec: spec.to_string(),
-                reason: "no_answer",
-                error: format!(
-                    "{server}: the API server took the {what} request and sent no answer within {}s (hung, or a proxy in the way is)",
-                    REQUEST_DEADLINE.as_secs()
-                ),
-            },
-            Failure::Hung,
-        )),
-    }
-}
-
-/// The kind of failure an error answer is: `410 Gone`; a gateway with no API server behind
-/// it (a 502, 503 or 504 that is not a Kubernetes Status and asks for no wait: a load
-/// balancer whose backends are all down answers so, and it is the API server that cannot be
-/// reached); or a failure the server answered, with the wait it asked for
-/// (`retryAfterSeconds`, where the `Retry-After` header of an answer is put too:
-/// [`crate::credentials::client`]).
-fn status_failure(status: &Status) -> Failure {
-    if status.code == 410 {
-        return Failure::Expired;
-    }
-    let retry_after = status
-        .details
-        .as_ref()
-        .map(|details| details.retry_after_seconds)
-        .filter(|seconds| *seconds > 0)
-        .map(|seconds| Duration::from_secs(seconds.into()));
-    let not_a_status = status.reason == "Failed to parse error data";
-    if matches!(status.code, 502..=504) && not_a_status && retry_after.is_none() {
-        return Failure::Unreachable;
-    }
-    Failure::Answered { retry_after }
+        .map_err(|problem| source_error(spec, problem))
 }
 
 /// Reads every cluster source among `sources` once, with one list (with a deadline) per
@@ -763,51 +511,34 @@ pub fn watch_objects<T, C, S>(
     content: C,
     send: S,
 ) where
-    T: Clone + Send + 'static,
+    T: Clone + Send + Sync + 'static,
     C: Fn(&SourceSpec, Raw<'_>) -> Result<T, SourceError> + Send + Sync + 'static,
     S: Fn(usize, Event<T>, Instant) + Send + Sync + 'static,
 {
     let (content, send) = (Arc::new(content), Arc::new(send));
     for (object, indices) in by_object(sources) {
-        let specs = indices.iter().map(|&i| sources[i].clone()).collect();
-        tokio::spawn(watch_object(
-            credentials.clone(),
-            object,
-            indices,
-            specs,
-            content.clone(),
-            send.clone(),
-        ));
-    }
-}
-
-/// Watches one object for as long as the process runs, for `specs` (at `indices` of the
-/// caller's list), sending every change.
-async fn watch_object<T, C, S>(
-    credentials: Credentials,
-    object: ClusterObject,
-    indices: Vec<usize>,
-    specs: Vec<SourceSpec>,
-    content: Arc<C>,
-    send: Arc<S>,
-) where
-    T: Clone,
-    C: Fn(&SourceSpec, Raw<'_>) -> Result<T, SourceError>,
-    S: Fn(usize, Event<T>, Instant),
-{
-    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let send = |i: usize, event, at| send(indices[i], event, at);
-    match &object {
-        ClusterObject::ConfigMap { namespace, name } => {
-            let api = |client| Api::<ConfigMap>::namespaced(client, namespace);
-            let content = |cm: &ConfigMap| each_spec(&specs, &*content, |_| Raw::ConfigMap(cm));
-            follow(credentials, api, name, &names, content, send).await;
-        }
-        ClusterObject::ControllerConfig { name } => {
-            let api = |client| Api::<DynamicObject>::all_with(client, &controllerconfig_resource());
-            let content =
-                |cc: &DynamicObject| each_spec(&specs, &*content, |spec| field_of(cc, spec));
-            follow(credentials, api, name, &names, content, send).await;
+        let specs: Vec<SourceSpec> = indices.iter().map(|&i| sources[i].clone()).collect();
+        let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+        let send = send.clone();
+        let send = move |i: usize, event, at| send(indices[i], event, at);
+        let content = content.clone();
+        match object {
+            ClusterObject::ConfigMap { namespace, name } => {
+                let api = move |client| Api::<ConfigMap>::namespaced(client, &namespace);
+                let made =
+                    move |cm: &ConfigMap| each_spec(&specs, &*content, |_| Raw::ConfigMap(cm));
+                let watch = ObjectWatch::new(credentials, &name, names, api, made, send);
+                tokio::spawn(follow::follow(credentials.clone(), watch));
+            }
+            ClusterObject::ControllerConfig { name } => {
+                let api =
+                    |client| Api::<DynamicObject>::all_with(client, &controllerconfig_resource());
+                let made = move |cc: &DynamicObject| {
+                    each_spec(&specs, &*content, |spec| field_of(cc, spec))
+                };
+                let watch = ObjectWatch::new(credentials, &name, names, api, made, send);
+                tokio::spawn(follow::follow(credentials.clone(), watch));
+            }
         }
     }
 }
@@ -815,18 +546,20 @@ async fn watch_object<T, C, S>(
 /// Watches the ConfigMap `namespace/name` for as long as the process runs (as a source is
 /// watched: one list, then watches resumed from the last resourceVersion), sending what
 /// `content` makes of each state of it. `spec` names it in errors.
-pub async fn watch_configmap<T: Clone>(
+pub async fn watch_configmap<T: Clone + Send + Sync + 'static>(
     credentials: Credentials,
     namespace: &str,
     name: &str,
     spec: &str,
-    content: impl Fn(&ConfigMap) -> Result<T, SourceError>,
-    send: impl Fn(Event<T>, Instant),
+    content: impl Fn(&ConfigMap) -> Result<T, SourceError> + Send + Sync + 'static,
+    send: impl Fn(Event<T>, Instant) + Send + Sync + 'static,
 ) {
-    let api = |client| Api::<ConfigMap>::namespaced(client, namespace);
-    let content = |cm: &ConfigMap| vec![content(cm)];
-    let send = |_, event, at| send(event, at);
-    follow(credentials, api, name, &[spec.to_string()], content, send).await;
+    let namespace = namespace.to_string();
+    let api = move |client| Api::<ConfigMap>::namespaced(client, &namespace);
+    let made = move |cm: &ConfigMap| vec![content(cm)];
+    let send = move |_, event, at| send(event, at);
+    let watch = ObjectWatch::new(&credentials, name, vec![spec.to_string()], api, made, send);
+    follow::follow(credentials, watch).await;
 }
 
 /// The object as last seen, kept to be sent again when a watch is established after a failure.
@@ -840,249 +573,184 @@ enum LastSeen<T> {
     Seen(Vec<Result<T, SourceError>>),
 }
 
-/// The watch loop shared by both kinds of object, for the specs named `specs` that read it:
-/// the effects of the state machine in [`lifecycle`], which decides every step (what to
-/// request, how long to wait, when the source is up or down).
-///
-/// `content` makes of each state of the object one result per spec, in the order of
-/// `specs`; `send` gets each spec's event with the spec's position in `specs` and the
-/// instant its cause arrived (the list answer, the watch event, the failure), taken before
-/// `content` parses the object, so that the sync duration includes parsing and validation.
-/// What befalls the object itself (a failed request, its absence) goes to every spec, each
-/// error naming its own spec.
+type ApiFor<K> = Box<dyn Fn(Client) -> Api<K> + Send + Sync>;
+type Made<K, T> = Box<dyn Fn(&K) -> Vec<Result<T, SourceError>> + Send + Sync>;
+type SendFn<T> = Box<dyn Fn(usize, Event<T>, Instant) + Send + Sync>;
+
+/// The follower's part for one object that sources read, for the specs that read it:
+/// `made` makes of each state of the object one result per spec, in the order of `specs`;
+/// `send` gets each spec's event with the spec's position in `specs` and the instant its
+/// cause arrived (the list answer, the watch event, the failure), taken before `made`
+/// parses the object, so that the sync duration includes parsing and validation. What
+/// befalls the object itself (a failed request, its absence) goes to every spec, each error
+/// naming its own spec.
 ///
 /// A failure is sent as a [`SourceEvent::WatchRestart`] (the source is down, its last good
-/// content stays). A watch that is established again after a failure sends the object as
-/// last seen again: a resumed watch brings no event when nothing changed, and this is what
-/// tells the reconciler that the source is back.
-///
-/// Each request uses the newest client of `credentials`. When the credentials change, an
-/// open watch is resumed with the new client from the resourceVersion it had reached (no
-/// list), and a wait ends; until there are any usable credentials, the source is reported
-/// down with why. A 401, or a server certificate the trusted CAs do not sign, makes the
-/// credentials be read again at once.
-async fn follow<K, T: Clone>(
-    mut credentials: Credentials,
-    api_for: impl Fn(Client) -> Api<K>,
-    object: &str,
-    specs: &[String],
-    content: impl Fn(&K) -> Vec<Result<T, SourceError>>,
-    send: impl Fn(usize, Event<T>, Instant),
-) where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    // The loop's own errors are made naming the first spec, and told to each under its name.
-    let spec = specs[0].as_str();
-    let list_params = ListParams::default().fields(&selector(object));
-    let watch_params = WatchParams::default()
-        .fields(&selector(object))
-        .timeout(WATCH_TIMEOUT_SECONDS);
-    let mut current: LastSeen<T> = LastSeen::Missing;
-    // A failure of the object's reading, to every spec.
-    let fail = |error: &SourceError, event: fn(SourceError) -> Event<T>, at: Instant| {
-        for (i, name) in specs.iter().enumerate() {
-            send(i, event(error.for_spec(name)), at);
+/// content stays; no usable credentials are a [`SourceEvent::Failed`]). A watch that is
+/// established again after a failure sends the object as last seen again: a resumed watch
+/// brings no event when nothing changed, and this is what tells the reconciler that the
+/// source is back.
+struct ObjectWatch<K, T> {
+    /// `source SPEC` of the first spec, for the follower's log lines.
+    label: String,
+    object: String,
+    specs: Vec<String>,
+    api: ApiFor<K>,
+    made: Made<K, T>,
+    send: SendFn<T>,
+    current: LastSeen<T>,
+    /// The credentials, to look for the kubeadm-style source once when the default source
+    /// is missing or refused (SPEC 3); `None` once looked for, or for any other source.
+    kubeadm: Option<Credentials>,
+}
+
+impl<K, T: Clone> ObjectWatch<K, T> {
+    fn new(
+        credentials: &Credentials,
+        object: &str,
+        specs: Vec<String>,
+        api: impl Fn(Client) -> Api<K> + Send + Sync + 'static,
+        made: impl Fn(&K) -> Vec<Result<T, SourceError>> + Send + Sync + 'static,
+        send: impl Fn(usize, Event<T>, Instant) + Send + Sync + 'static,
+    ) -> ObjectWatch<K, T> {
+        let kubeadm = (specs[0] == crate::source::DEFAULT_SOURCE).then(|| credentials.clone());
+        ObjectWatch {
+            label: format!("source {}", specs[0]),
+            object: object.to_string(),
+            specs,
+            api: Box::new(api),
+            made: Box::new(made),
+            send: Box::new(send),
+            current: LastSeen::Missing,
+            kubeadm,
         }
-    };
-    // The object as last seen, to every spec.
-    let tell = |last: &LastSeen<T>, at: Instant| match last {
-        LastSeen::Missing => {
-            let missing = SourceError::NotFound {
-                spec: spec.to_string(),
-            };
-            fail(&missing, Event::Failed, at);
+    }
+
+    /// A failure of the object's reading, to every spec.
+    fn fail(&self, error: &SourceError, event: fn(SourceError) -> Event<T>, at: Instant) {
+        for (i, name) in self.specs.iter().enumerate() {
+            (self.send)(i, event(error.for_spec(name)), at);
         }
-        LastSeen::Seen(results) => {
-            for (i, result) in results.iter().enumerate() {
-                let event = match result {
-                    Ok(content) => Event::Content(content.clone()),
-                    Err(error) => Event::Failed(error.clone()),
+    }
+
+    /// The object as last seen, to every spec.
+    fn tell(&mut self, at: Instant) {
+        match &self.current {
+            LastSeen::Missing => {
+                let missing = SourceError::NotFound {
+                    spec: self.specs[0].clone(),
                 };
-                send(i, event, at);
+                self.fail(&missing, Event::Failed, at);
+                self.look_for_kubeadm("not_found");
+            }
+            LastSeen::Seen(results) => {
+                for (i, result) in results.iter().enumerate() {
+                    let event = match result {
+                        Ok(content) => Event::Content(content.clone()),
+                        Err(error) => Event::Failed(error.clone()),
+                    };
+                    (self.send)(i, event, at);
+                }
             }
         }
-    };
-    // What an object seen now means for each spec, told and kept.
-    let seen = |k: Option<K>, at: Instant| {
-        let last = match k {
+    }
+
+    /// What an object seen now means for each spec, kept and told.
+    fn seen(&mut self, object: Option<&K>, at: Instant) {
+        self.current = match object {
             Some(k) => {
-                let results = content(&k);
-                debug_assert_eq!(results.len(), specs.len());
+                let results = (self.made)(k);
+                debug_assert_eq!(results.len(), self.specs.len());
                 LastSeen::Seen(results)
             }
             None => LastSeen::Missing,
         };
-        tell(&last, at);
-        last
-    };
-    let (mut watch, mut action) = Watch::start();
-    // Whether the kubeadm-style source was looked for (once, after the default failed).
-    let mut kubeadm_looked = false;
-    // The open watch, and the generation of the credentials whose client opened it.
-    let mut open: Option<(BoxStream<'static, kube::Result<WatchEvent<K>>>, u64)> = None;
-    // When the open watch was last heard from.
-    let mut heard = tokio::time::Instant::now();
-    loop {
-        // The newest client, for the next request.
-        let creds = credentials.mark_seen();
-        let Some(client) = creds.client.clone() else {
-            if creds.read {
-                let error = SourceError::Credentials {
-                    spec: spec.to_string(),
-                    problem: creds.why_none(),
-                };
-                fail(&error, Event::Failed, Instant::now());
-                watch.lost();
-            }
-            credentials.changed().await;
-            continue;
+        self.tell(at);
+    }
+
+    /// The default source missing or refused: said once, with the kubeadm-style source
+    /// when the cluster has it (SPEC 3). One list with a deadline, on a task of its own.
+    fn look_for_kubeadm(&mut self, reason: &'static str) {
+        if !matches!(reason, "not_found" | "forbidden") {
+            return;
+        }
+        let Some(credentials) = self.kubeadm.take() else {
+            return;
         };
-        let server = creds.server.as_deref().unwrap_or("the API server");
-        let api = api_for(client);
-        // What went wrong this turn, for the report; whether the object was told this turn.
-        let mut trouble: Option<SourceError> = None;
-        let mut told = false;
-        let happened = match &action {
-            Action::List => match requested(spec, server, "list", api.list(&list_params)).await {
-                Ok(list) => match list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
-                    Some(rv) => {
-                        let arrived = Instant::now();
-                        current = seen(list.items.into_iter().next(), arrived);
-                        told = true;
-                        Happened::Listed { rv }
-                    }
-                    None => {
-                        trouble = Some(SourceError::Cluster {
-                            spec: spec.to_string(),
-                            reason: "api_error",
-                            error: "the list came without a resourceVersion to watch from".into(),
-                        });
-                        Happened::Failed(Failure::ANSWERED)
-                    }
-                },
-                Err((error, failure)) => {
-                    trouble = Some(error);
-                    Happened::Failed(failure)
-                }
-            },
-            Action::Watch { rv } => {
-                match requested(spec, server, "watch", api.watch(&watch_params, rv)).await {
-                    Ok(events) => {
-                        open = Some((events.boxed(), creds.generation));
-                        heard = tokio::time::Instant::now();
-                        Happened::Opened
-                    }
-                    Err((error, failure)) => {
-                        trouble = Some(error);
-                        Happened::Failed(failure)
-                    }
-                }
-            }
-            Action::Read { confirm_at } => match open.as_mut() {
-                // Nothing open to read (cannot happen): as if it had ended.
-                None => Happened::Ended,
-                // Credentials newer than the watch's: the watch is resumed with them. Told
-                // by `changed` below, or seen at the top of this turn when they came while an
-                // event was being handled.
-                Some((_, generation)) if *generation != creds.generation => {
-                    Happened::NewCredentials
-                }
-                Some((events, _)) => {
-                    let heard_now = tokio::select! {
-                        next = tokio::time::timeout_at(heard + WATCH_SILENCE, events.next()) => Heard::Next(next),
-                        () = sleep_until_some(*confirm_at) => Heard::Quiet,
-                        () = credentials.changed() => Heard::Credentials,
-                    };
-                    match heard_now {
-                        Heard::Quiet => Happened::StayedOpen,
-                        // The top of the loop decides: a new client (a new generation)
-                        // resumes the watch; a problem with the credentials on disk leaves
-                        // the client, and the watch, as they are (SPEC 6: the last good
-                        // credentials are kept).
-                        Heard::Credentials => continue,
-                        Heard::Next(next) => {
-                            let arrived = Instant::now();
-                            heard = tokio::time::Instant::now();
-                            let read = watch_item(next, spec, server, watch.rv());
-                            trouble = read.trouble;
-                            if let Some(object) = read.object {
-                                current = seen(object, arrived);
-                                told = true;
-                            }
-                            read.happened
-                        }
-                    }
-                }
-            },
-            Action::Wait { until } => {
-                // A new client ends the wait: new credentials are likely what the failure
-                // was waiting for. (There is a client here, and there is one from then on:
-                // a problem with the credentials on disk keeps the last good one.)
-                if credentials.newer_before(creds.generation, *until).await {
-                    Happened::NewCredentials
-                } else {
-                    Happened::Waited
-                }
-            }
+        let Ok(client) = credentials.client() else {
+            return;
         };
-        // The default source missing or refused: said once, with the kubeadm-style
-        // source when the cluster has it (SPEC 3).
-        if !kubeadm_looked && spec == crate::source::DEFAULT_SOURCE {
-            let reason = match (&trouble, &current) {
-                (Some(error), _) => Some(error.reason()),
-                (None, LastSeen::Missing) if told => Some("not_found"),
-                _ => None,
-            };
-            if let Some(reason) = reason.filter(|r| matches!(*r, "not_found" | "forbidden"))
-                && let Some(client) = creds.client.clone()
-            {
-                kubeadm_looked = true;
-                let found = look_for_kubeadm_source(client).await;
-                if let Some(hint) = crate::source::kubeadm_hint(spec, reason, found) {
-                    tracing::warn!(
-                        source = spec,
-                        "source {spec} cannot be read ({reason}){hint}"
-                    );
-                }
+        let spec = self.specs[0].clone();
+        tokio::spawn(async move {
+            let found = look_for_kubeadm_source(client).await;
+            if let Some(hint) = crate::source::kubeadm_hint(&spec, reason, found) {
+                tracing::warn!(
+                    source = spec,
+                    "source {spec} cannot be read ({reason}){hint}"
+                );
             }
+        });
+    }
+}
+
+impl<K, T> follow::Followed for ObjectWatch<K, T>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+    K: Send + Sync,
+    T: Clone + Send + Sync,
+{
+    type K = K;
+
+    fn name(&self) -> &str {
+        &self.label
+    }
+
+    fn selection(&self) -> Selection {
+        Selection::named(&self.object)
+    }
+
+    fn list(
+        &self,
+        client: Client,
+        params: ListParams,
+    ) -> impl Future<Output = kube::Result<ObjectList<K>>> + Send {
+        let api = (self.api)(client);
+        async move { api.list(&params).await }
+    }
+
+    fn watch(
+        &self,
+        client: Client,
+        params: WatchParams,
+        rv: String,
+    ) -> impl Future<Output = kube::Result<Events<K>>> + Send {
+        let api = (self.api)(client);
+        async move { api.watch(&params, &rv).await.map(StreamExt::boxed) }
+    }
+
+    fn listed(&mut self, items: Vec<K>, _: Listed, at: Instant) {
+        self.seen(items.first(), at);
+    }
+
+    fn changed(&mut self, change: Change<K>, at: Instant) {
+        match change {
+            Change::Applied(k) => self.seen(Some(&k), at),
+            Change::Deleted(_) => self.seen(None, at),
         }
-        if happened == Happened::Failed(Failure::Expired) {
-            tracing::info!(
-                source = spec,
-                "the API server no longer has the watch's resourceVersion (410 Gone, as after a restart): listing again"
-            );
-        }
-        let step = watch.step(happened, tokio::time::Instant::now(), lifecycle::jitter());
-        if let Some(back) = &step.went_back {
-            tracing::warn!(
-                source = spec,
-                from = %back.from,
-                to = %back.to,
-                "the API server's store went back: its resourceVersion is now {} where this watch had reached {} (a store restored from a backup?); following what it holds now",
-                back.to,
-                back.from,
-            );
-        }
-        match step.report {
-            Report::Down => {
-                let error = trouble.unwrap_or_else(|| SourceError::Cluster {
-                    spec: spec.to_string(),
-                    reason: "api_error",
-                    error: format!("{server}: the watch failed"),
-                });
-                if proves_stale(&error) {
-                    credentials.stale();
-                }
-                let error = with_credentials_hint(error, &creds);
-                fail(&error, Event::WatchRestart, Instant::now());
-            }
-            Report::Up if !told => tell(&current, Instant::now()),
-            Report::Up | Report::Nothing => {}
-        }
-        if !matches!(step.action, Action::Read { .. }) {
-            open = None;
-        }
-        action = step.action;
+    }
+
+    fn up(&mut self, at: Instant) {
+        self.tell(at);
+    }
+
+    fn down(&mut self, problem: &Problem, at: Instant) {
+        let event = match problem.reason {
+            "credentials" => Event::Failed,
+            _ => Event::WatchRestart,
+        };
+        let error = source_error(&self.specs[0], problem.clone());
+        self.fail(&error, event, at);
+        self.look_for_kubeadm(problem.reason);
     }
 }
 
@@ -1091,112 +759,12 @@ async fn follow<K, T: Clone>(
 async fn look_for_kubeadm_source(client: Client) -> crate::source::KubeadmSource {
     use crate::source::KubeadmSource;
     let api = Api::<ConfigMap>::namespaced(client, "kube-system");
-    let params = ListParams::default().fields(&selector("extension-apiserver-authentication"));
+    let params = ListParams::default().fields("metadata.name=extension-apiserver-authentication");
     match tokio::time::timeout(REQUEST_DEADLINE, api.list(&params)).await {
         Ok(Ok(list)) if list.items.is_empty() => KubeadmSource::Missing,
         Ok(Ok(_)) => KubeadmSource::Exists,
         _ => KubeadmSource::Unknown,
     }
-}
-
-/// What an item of an open watch means, for the lifecycle and the loop.
-struct WatchItem<K> {
-    happened: Happened,
-    /// What went wrong, for the report.
-    trouble: Option<SourceError>,
-    /// The object's new state when the item brought one: `Some(None)` when it was deleted.
-    object: Option<Option<K>>,
-}
-
-/// What `next` (the next item of an open watch, or its silence for [`WATCH_SILENCE`])
-/// means; `rv` is where the watch stands, for an event whose object names no
-/// resourceVersion. Pure: the loop's effects are left to it.
-fn watch_item<K: kube::Resource>(
-    next: Result<Option<kube::Result<WatchEvent<K>>>, tokio::time::error::Elapsed>,
-    spec: &str,
-    server: &str,
-    rv: Option<&str>,
-) -> WatchItem<K> {
-    let item = |happened, trouble, object| WatchItem {
-        happened,
-        trouble,
-        object,
-    };
-    let at_rv = |k: &K| {
-        k.meta()
-            .resource_version
-            .clone()
-            .or_else(|| rv.map(str::to_string))
-            .unwrap_or_default()
-    };
-    match next {
-        Ok(Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)))) => {
-            let rv = at_rv(&k);
-            item(Happened::Delivered { rv }, None, Some(Some(k)))
-        }
-        Ok(Some(Ok(WatchEvent::Deleted(k)))) => {
-            let rv = at_rv(&k);
-            item(Happened::Delivered { rv }, None, Some(None))
-        }
-        Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
-            let rv = bookmark.metadata.resource_version;
-            item(Happened::Delivered { rv }, None, None)
-        }
-        // The server ended the watch (its timeout, or a connection that closed between
-        // events). Said only if the lifecycle takes it for a failure: when it came before
-        // the watch was established, again.
-        Ok(None) => {
-            let ended = SourceError::Cluster {
-                spec: spec.to_string(),
-                reason: "watch_ended",
-                error: format!(
-                    "{server}: the watch ended as soon as it was opened (a proxy that cuts streams?)"
-                ),
-            };
-            item(Happened::Ended, Some(ended), None)
-        }
-        Ok(Some(Ok(WatchEvent::Error(status)))) => {
-            let failure = status_failure(&status);
-            item(
-                Happened::Failed(failure),
-                Some(status_error(spec, &status)),
-                None,
-            )
-        }
-        Ok(Some(Err(error))) => {
-            let (error, failure) = request_error(spec, server, &error);
-            item(Happened::Failed(failure), Some(error), None)
-        }
-        Err(_silent) => {
-            let silent = SourceError::Cluster {
-                spec: spec.to_string(),
-                reason: "watch_silent",
-                error: format!(
-                    "{server}: the watch sent nothing for {}s (no event, no bookmark, no end at its {WATCH_TIMEOUT_SECONDS}s timeout): the API server or the connection to it is hung; watching again",
-                    WATCH_SILENCE.as_secs()
-                ),
-            };
-            item(Happened::Failed(Failure::Hung), Some(silent), None)
-        }
-    }
-}
-
-/// Sleeps until `at`; forever when there is no instant.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// What the open watch told, or what ended the wait for it.
-enum Heard<T> {
-    /// An item of the stream, its end, or its silence for [`WATCH_SILENCE`].
-    Next(T),
-    /// It stayed open without an error until it counts as established.
-    Quiet,
-    /// The credentials changed.
-    Credentials,
 }
 
 #[cfg(test)]
@@ -1612,141 +1180,6 @@ mod tests {
     }
 
     #[test]
-    fn each_error_answer_is_the_kind_of_failure_that_says_how_long_to_wait() {
-        let status = |code: u16, body: &str| -> Status {
-            match serde_json::from_str::<Status>(body) {
-                Ok(status) => status,
-                Err(_) => Status::failure(body, "Failed to parse error data").with_code(code),
-            }
-        };
-        let json = |code: u16, reason: &str, retry: u32| {
-            format!(
-                r#"{{"kind":"Status","status":"Failure","reason":"{reason}","code":{code},"details":{{"retryAfterSeconds":{retry}}}}}"#
-            )
-        };
-        let seconds = |s| Some(Duration::from_secs(s));
-        let cases = [
-            (status(410, &json(410, "Expired", 0)), Failure::Expired),
-            // A load balancer with no API server behind it.
-            (
-                status(502, "<html>502 Bad Gateway</html>"),
-                Failure::Unreachable,
-            ),
-            (status(503, ""), Failure::Unreachable),
-            (status(504, "upstream timed out"), Failure::Unreachable),
-            // The API server itself, failing or shedding load.
-            (
-                status(503, &json(503, "ServiceUnavailable", 0)),
-                Failure::ANSWERED,
-            ),
-            (
-                status(500, &json(500, "InternalError", 0)),
-                Failure::ANSWERED,
-            ),
-            (
-                status(429, &json(429, "TooManyRequests", 7)),
-                Failure::Answered {
-                    retry_after: seconds(7),
-                },
-            ),
-            (
-                status(504, &json(504, "Timeout", 1)),
-                Failure::Answered {
-                    retry_after: seconds(1),
-                },
-            ),
-            (status(403, &json(403, "Forbidden", 0)), Failure::ANSWERED),
-            (status(500, "oops"), Failure::ANSWERED),
-        ];
-        for (status, kind) in cases {
-            assert_eq!(status_failure(&status), kind, "{status:?}");
-        }
-        // A shedding server's plain-text 429, with the wait carried into its details.
-        let mut shed = status(429, "Too many requests, please try again later.");
-        shed.details = serde_json::from_str(r#"{"retryAfterSeconds":20}"#).ok();
-        assert_eq!(
-            status_failure(&shed),
-            Failure::Answered {
-                retry_after: seconds(20)
-            }
-        );
-        shed.code = 503;
-        assert_eq!(
-            status_failure(&shed),
-            Failure::Answered {
-                retry_after: seconds(20)
-            }
-        );
-    }
-
-    /// The silence of a watch, as `timeout_at` reports it.
-    async fn silence() -> tokio::time::error::Elapsed {
-        tokio::time::timeout(Duration::ZERO, std::future::pending::<()>())
-            .await
-            .unwrap_err()
-    }
-
-    fn configmap_at(rv: Option<&str>) -> ConfigMap {
-        let mut cm = configmap(&[("ca-bundle.crt", b"x")], &[]);
-        cm.metadata.resource_version = rv.map(str::to_string);
-        cm
-    }
-
-    #[tokio::test]
-    async fn each_item_of_a_watch_is_what_it_tells_the_lifecycle() {
-        let read = |next| watch_item::<ConfigMap>(next, "s", "https://api:6443", Some("5"));
-        // A change brings the object and its resourceVersion; one without a resourceVersion
-        // keeps the watch's.
-        let added = read(Ok(Some(Ok(WatchEvent::Added(configmap_at(Some("7")))))));
-        assert_eq!(added.happened, Happened::Delivered { rv: "7".into() });
-        assert!(matches!(added.object, Some(Some(_))) && added.trouble.is_none());
-        let modified = read(Ok(Some(Ok(WatchEvent::Modified(configmap_at(None))))));
-        assert_eq!(modified.happened, Happened::Delivered { rv: "5".into() });
-        let deleted = read(Ok(Some(Ok(WatchEvent::Deleted(configmap_at(Some("9")))))));
-        assert_eq!(deleted.happened, Happened::Delivered { rv: "9".into() });
-        assert!(matches!(deleted.object, Some(None)));
-        // A bookmark moves the watch on and brings no object.
-        let bookmark: WatchEvent<ConfigMap> = serde_json::from_value(json!({
-            "type": "BOOKMARK",
-            "object": {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"resourceVersion": "12"}}
-        }))
-        .unwrap();
-        let marked = read(Ok(Some(Ok(bookmark))));
-        assert_eq!(marked.happened, Happened::Delivered { rv: "12".into() });
-        assert!(marked.object.is_none() && marked.trouble.is_none());
-        // The end, with what to say should it be a failure.
-        let ended = read(Ok(None));
-        assert_eq!(ended.happened, Happened::Ended);
-        assert_eq!(ended.trouble.unwrap().reason(), "watch_ended");
-        // An ERROR event: its Status says which failure.
-        let expired: WatchEvent<ConfigMap> = serde_json::from_value(json!({
-            "type": "ERROR",
-            "object": {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": "too old resource version: 5 (40)"}
-        }))
-        .unwrap();
-        let gone = read(Ok(Some(Ok(expired))));
-        assert_eq!(gone.happened, Happened::Failed(Failure::Expired));
-        assert_eq!(gone.trouble.unwrap().reason(), "expired");
-        let shed: WatchEvent<ConfigMap> = serde_json::from_value(json!({
-            "type": "ERROR",
-            "object": {"kind": "Status", "status": "Failure", "reason": "TooManyRequests", "code": 429, "details": {"retryAfterSeconds": 3}}
-        }))
-        .unwrap();
-        assert_eq!(
-            read(Ok(Some(Ok(shed)))).happened,
-            Happened::Failed(Failure::Answered {
-                retry_after: Some(Duration::from_secs(3))
-            })
-        );
-        // Silence: a failure the server answered (it took the watch and went quiet).
-        let silent = read(Err(silence().await));
-        assert_eq!(silent.happened, Happened::Failed(Failure::Hung));
-        let why = silent.trouble.unwrap();
-        assert_eq!(why.reason(), "watch_silent");
-        assert!(why.to_string().contains("https://api:6443"), "{why}");
-    }
-
-    #[test]
     fn an_event_made_into_another_kind_keeps_its_failures() {
         let failed = || SourceError::NotFound { spec: "s".into() };
         let doubled = |n: u32| Some(n * 2);
@@ -1783,249 +1216,6 @@ mod tests {
         // A bundle's source is not a registry source.
         let err = registry_content(&spec("configmap:ns/cm"), Raw::Field(Some(&list))).unwrap_err();
         assert_eq!(err.reason(), "not_a_registry_source");
-    }
-
-    #[test]
-    fn text_from_a_proxy_becomes_one_short_printable_line() {
-        let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n\x1b[31m</html>";
-        assert_eq!(
-            printable(page),
-            "<html> <head><title>502 Bad Gateway</title></head> [31m</html>"
-        );
-        assert_eq!(printable(&"x".repeat(1000)).len(), 303);
-    }
-
-    /// An error and what caused it, as the layers of a client stack them.
-    #[derive(Debug)]
-    struct Layer(
-        &'static str,
-        Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    );
-
-    impl std::fmt::Display for Layer {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.0)
-        }
-    }
-
-    impl std::error::Error for Layer {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            self.1
-                .as_deref()
-                .map(|e| e as &(dyn std::error::Error + 'static))
-        }
-    }
-
-    /// What the status line and the log say of a request that got no answer: each
-    /// connection failure in the operator's words, a TLS failure found under the I/O error
-    /// that carries it, a failed name lookup said as one even when the innermost error does
-    /// not say "dns".
-    #[test]
-    fn a_request_without_an_answer_is_named_by_its_cause() {
-        use std::io::{Error, ErrorKind};
-        for (kind, said) in [
-            (ErrorKind::ConnectionRefused, "connection refused"),
-            (ErrorKind::ConnectionReset, "connection reset by the server"),
-            (ErrorKind::ConnectionAborted, "connection aborted"),
-            (ErrorKind::TimedOut, "connection timed out"),
-            (ErrorKind::HostUnreachable, "no route to the host"),
-            (ErrorKind::NetworkUnreachable, "the network is unreachable"),
-        ] {
-            let wrapped = Layer(
-                "client error (Connect)",
-                Some(Box::new(Error::new(kind, "os"))),
-            );
-            assert_eq!(
-                transport_cause(&wrapped),
-                ("unreachable", said.to_string()),
-                "{kind:?}"
-            );
-            // A server that is not there: retried within 5 s, never backed off to 30.
-            let failed = kube::Error::Service(Box::new(Layer(
-                "client error (Connect)",
-                Some(Box::new(Error::new(kind, "os"))),
-            )));
-            assert_eq!(failure_of(&failed), Failure::Unreachable, "{kind:?}");
-        }
-        // A TLS failure is an answer of a kind: backed off as one.
-        let refused_tls = kube::Error::Service(Box::new(Error::other(
-            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
-        )));
-        assert_eq!(failure_of(&refused_tls), Failure::ANSWERED);
-        let tls = |e: rustls::Error| {
-            let io = Error::other(e);
-            transport_cause(&Layer("client error (Connect)", Some(Box::new(io))))
-        };
-        use rustls::CertificateError as C;
-        assert_eq!(
-            tls(rustls::Error::InvalidCertificate(C::UnknownIssuer)),
-            ("tls", "TLS: unknown authority: the server's certificate is not signed by a CA the agent trusts for it".to_string())
-        );
-        assert!(
-            tls(rustls::Error::InvalidCertificate(C::BadSignature))
-                .1
-                .contains("one of the same name is trusted, with another key")
-        );
-        assert_eq!(
-            tls(rustls::Error::InvalidCertificate(C::Expired)).1,
-            "TLS: the server's certificate has expired"
-        );
-        assert!(
-            tls(rustls::Error::InvalidCertificate(C::NotValidYet))
-                .1
-                .contains("is the clock right?")
-        );
-        assert!(
-            tls(rustls::Error::InvalidCertificate(C::NotValidForName))
-                .1
-                .contains("not valid for this host name")
-        );
-        assert!(
-            tls(rustls::Error::AlertReceived(
-                rustls::AlertDescription::BadCertificate
-            ))
-            .1
-            .contains("is the client certificate one it accepts?")
-        );
-        // The lookup failure is said by an outer layer; the innermost only names the host.
-        let dns = Layer(
-            "client error (Connect)",
-            Some(Box::new(Layer(
-                "dns error: failed to lookup address information",
-                Some(Box::new(Layer("Name or service not known", None))),
-            ))),
-        );
-        assert_eq!(
-            transport_cause(&dns),
-            (
-                "unreachable",
-                "DNS lookup failed: Name or service not known".to_string()
-            )
-        );
-        let other = Layer(
-            "client error (SendRequest)",
-            Some(Box::new(Layer(
-                "connection closed before message completed",
-                None,
-            ))),
-        );
-        assert_eq!(
-            transport_cause(&other),
-            (
-                "unreachable",
-                "connection closed before message completed".to_string()
-            )
-        );
-    }
-
-    /// A 401 or a server certificate the trusted CAs do not sign sends the follower to read
-    /// the credentials again; nothing else does.
-    #[test]
-    fn only_a_refusal_or_an_untrusted_server_proves_the_credentials_stale() {
-        let cluster = |reason| SourceError::Cluster {
-            spec: "s".into(),
-            reason,
-            error: "e".into(),
-        };
-        assert!(proves_stale(&cluster("unauthorized")));
-        assert!(proves_stale(&cluster("tls")));
-        assert!(!proves_stale(&cluster("forbidden")));
-        assert!(!proves_stale(&cluster("unreachable")));
-        assert!(!proves_stale(&SourceError::NotFound { spec: "s".into() }));
-    }
-
-    /// A TLS failure names the CA the server was checked against; a refusal while the client
-    /// certificate in use has expired says so; other errors are left as they are.
-    #[test]
-    fn an_error_the_credentials_explain_says_which_of_them() {
-        let now = test_certs::now();
-        let expired = test_certs::ca(Some("system:node:n1"), None, now - 7200, now - 60);
-        let current = Current {
-            ca_origin: Some("certificate-authority-data of cluster \"c\" in kubeconfig k".into()),
-            client_certificate_origin: Some(
-                "client-certificate /var/lib/kubelet/pki/kubelet-client-current.pem".into(),
-            ),
-            held: vec![crate::credentials::HeldCertificate {
-                filepath: "k".into(),
-                kind: "user",
-                key: "u".into(),
-                certificate: expired,
-            }]
-            .into(),
-            ..Current::default()
-        };
-        let cluster = |reason| SourceError::Cluster {
-            spec: "s".into(),
-            reason,
-            error: "https://h:6443: E".into(),
-        };
-        let said = |reason| with_credentials_hint(cluster(reason), &current).to_string();
-        assert_eq!(
-            said("tls"),
-            "source s: https://h:6443: E (trusted for it: certificate-authority-data of cluster \"c\" in kubeconfig k)"
-        );
-        let refused = said("unauthorized");
-        assert!(refused.contains("the client certificate in use, client-certificate /var/lib/kubelet/pki/kubelet-client-current.pem, expired at"), "{refused}");
-        assert_eq!(said("forbidden"), "source s: https://h:6443: E");
-        let fresh = Current {
-            held: Arc::from(Vec::new()),
-            ..current.clone()
-        };
-        assert_eq!(
-            with_credentials_hint(cluster("unauthorized"), &fresh).to_string(),
-            "source s: https://h:6443: E"
-        );
-        let other = SourceError::NotFound { spec: "s".into() };
-        assert_eq!(with_credentials_hint(other, &current).reason(), "not_found");
-    }
-
-    /// Each error answer gets its reason, and a body that is no Kubernetes Status is said to
-    /// come from something between the agent and the API server.
-    #[test]
-    fn each_error_answer_has_its_reason_and_says_what_answered() {
-        let status = |code: u16, reason: &str, message: &str| Status {
-            code,
-            reason: reason.into(),
-            message: message.into(),
-            ..Status::default()
-        };
-        for (code, reason) in [
-            (401, "unauthorized"),
-            (403, "forbidden"),
-            (404, "not_found"),
-            (410, "expired"),
-            (500, "api_error"),
-            (429, "api_error"),
-        ] {
-            assert_eq!(
-                status_error("s", &status(code, "R", "m")).reason(),
-                reason,
-                "{code}"
-            );
-        }
-        assert_eq!(
-            status_error("s", &status(403, "Forbidden", "configmaps is forbidden")).to_string(),
-            "source s: HTTP 403 Forbidden: configmaps is forbidden"
-        );
-        let empty = status_error("s", &status(502, "Failed to parse error data", "")).to_string();
-        assert_eq!(
-            empty,
-            "source s: HTTP 502 with an empty body, not a Kubernetes Status (a proxy or load balancer between here and the API server?)"
-        );
-        let html = status_error(
-            "s",
-            &status(
-                502,
-                "Failed to parse error data",
-                "<html>Bad Gateway</html>",
-            ),
-        )
-        .to_string();
-        assert!(
-            html.starts_with("source s: HTTP 502 with a body that is not a Kubernetes Status"),
-            "{html}"
-        );
-        assert!(html.ends_with("<html>Bad Gateway</html>"), "{html}");
     }
 
     /// The list that stands for a watch's first state asks for the one object by name, as

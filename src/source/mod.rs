@@ -3,7 +3,6 @@
 //! parsed and validated here too; reading them lives with the cluster client.
 
 pub mod cluster;
-pub mod lifecycle;
 pub mod local;
 pub mod state;
 

@@ -1,0 +1,256 @@
+//! The node's own Node, as the report keeps it (SPEC 8c): one metadata watch with a field
+//! selector on its name, which the Node authorizer allows a node's own credentials. What it
+//! sees (the Node's uid, the report's annotation, whether the store went back) goes to the
+//! reporter, which puts its true report back whenever the annotation differs from it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, ListParams, ObjectList, PartialObjectMeta, WatchParams};
+use tokio::sync::watch;
+
+use super::held::ANNOTATION;
+use crate::credentials::Credentials;
+use crate::follow::{self, Change, Events, Followed, Listed, Problem, Selection};
+use crate::metrics::{Metrics, ReasonLabels};
+
+/// The Node as the watch last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSeen {
+    pub uid: String,
+    /// The report's annotation as it stands.
+    pub annotation: Option<String>,
+    /// Its resourceVersion, when it is a number (etcd's revision): a state older than the
+    /// report's last write is not what the Node holds now.
+    pub rv: Option<u64>,
+}
+
+/// What the watch of the node's own Node has seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Whether a list has answered: before that, nothing is known of the Node.
+    pub listed: bool,
+    /// The Node, when it exists.
+    pub node: Option<NodeSeen>,
+    /// How many lists have stood on a store that went back (restored from a backup).
+    pub restores: u64,
+    /// Why the Node cannot be followed now, when that is so.
+    pub problem: Option<Problem>,
+}
+
+/// Follows the Node `name` for as long as the task runs, what it sees sent on `seen`; each
+/// failure counted in `metrics` as one of the report's, and said once a spell.
+pub async fn follow(
+    credentials: Credentials,
+    name: String,
+    seen: watch::Sender<Seen>,
+    metrics: Option<Arc<Metrics>>,
+) {
+    let own = OwnNode {
+        name,
+        seen,
+        metrics,
+        said_down: false,
+    };
+    follow::follow(credentials, own).await;
+}
+
+/// The follower's part for the node's own Node.
+struct OwnNode {
+    name: String,
+    seen: watch::Sender<Seen>,
+    metrics: Option<Arc<Metrics>>,
+    /// Whether the failure was said in the log: once a spell.
+    said_down: bool,
+}
+
+fn kept(item: &PartialObjectMeta<Node>) -> NodeSeen {
+    NodeSeen {
+        uid: item.metadata.uid.clone().unwrap_or_default(),
+        annotation: item
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+            .cloned(),
+        rv: item
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse().ok()),
+    }
+}
+
+impl Followed for OwnNode {
+    type K = PartialObjectMeta<Node>;
+
+    fn name(&self) -> &str {
+        "its own Node"
+    }
+
+    fn selection(&self) -> Selection {
+        Selection::named(&self.name)
+    }
+
+    async fn list(
+        &self,
+        client: Client,
+        params: ListParams,
+    ) -> kube::Result<ObjectList<Self::K>> {
+        Api::<Node>::all(client).list_metadata(&params).await
+    }
+
+    async fn watch(
+        &self,
+        client: Client,
+        params: WatchParams,
+        rv: String,
+    ) -> kube::Result<Events<Self::K>> {
+        let api = Api::<Node>::all(client);
+        api.watch_metadata(&params, &rv).await.map(StreamExt::boxed)
+    }
+
+    fn listed(&mut self, items: Vec<Self::K>, listed: Listed, _: Instant) {
+        let node = items
+            .iter()
+            .find(|i| i.metadata.name.as_deref() == Some(&self.name));
+        self.seen.send_modify(|seen| {
+            seen.listed = true;
+            seen.node = node.map(kept);
+            seen.restores += u64::from(listed.went_back);
+            seen.problem = None;
+        });
+    }
+
+    fn changed(&mut self, change: Change<Self::K>, _: Instant) {
+        let node = match &change {
+            Change::Applied(item) => Some(kept(item)),
+            Change::Deleted(_) => None,
+        };
+        self.seen.send_if_modified(|seen| {
+            let new = seen.node != node;
+            seen.node = node;
+            new
+        });
+    }
+
+    fn up(&mut self, _: Instant) {
+        if self.said_down {
+            tracing::info!(node = %self.name, "following its own Node again");
+            self.said_down = false;
+        }
+        self.seen
+            .send_if_modified(|seen| seen.problem.take().is_some());
+    }
+
+    fn down(&mut self, problem: &Problem, _: Instant) {
+        let mut problem = problem.clone();
+        if problem.reason == "forbidden" {
+            problem.text = format!(
+                "{} (a node may read and write only its own Node: is {} this node's name, and the credentials this node's? The DaemonSet's service account needs get, list, watch and patch on nodes)",
+                problem.text,
+                crate::text::escape(&self.name)
+            );
+        }
+        if let Some(metrics) = &self.metrics {
+            let reason = ReasonLabels {
+                reason: problem.reason.to_string(),
+            };
+            metrics.node_report_errors.get_or_create(&reason).inc();
+        }
+        if !self.said_down {
+            tracing::warn!(node = %self.name, reason = problem.reason, "cannot follow its own Node, and so cannot keep its report there: {}; retrying", problem.text);
+            self.said_down = true;
+        }
+        let problem = &problem;
+        self.seen.send_if_modified(|seen| {
+            let new = seen.problem.as_ref() != Some(problem);
+            seen.problem = Some(problem.clone());
+            new
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(name: &str, uid: &str, rv: &str, annotation: Option<&str>) -> PartialObjectMeta<Node> {
+        let mut item = PartialObjectMeta::<Node>::default();
+        item.metadata.name = Some(name.into());
+        item.metadata.uid = Some(uid.into());
+        item.metadata.resource_version = Some(rv.into());
+        item.metadata.annotations = annotation.map(|a| {
+            BTreeMap::from([
+                (ANNOTATION.to_string(), a.to_string()),
+                ("other".to_string(), "x".to_string()),
+            ])
+        });
+        item
+    }
+
+    #[test]
+    fn the_watch_keeps_the_nodes_uid_report_and_revision_and_counts_restores() {
+        let (tx, rx) = watch::channel(Seen::default());
+        let mut own = OwnNode {
+            name: "n1".into(),
+            seen: tx,
+            metrics: None,
+            said_down: false,
+        };
+        assert_eq!(own.selection(), Selection::named("n1"));
+        let now = Instant::now();
+        own.listed(vec![], Listed::default(), now);
+        assert_eq!(
+            *rx.borrow(),
+            Seen {
+                listed: true,
+                ..Seen::default()
+            },
+            "listed, and no such Node yet"
+        );
+        own.changed(Change::Applied(node("n1", "u1", "7", Some("{}"))), now);
+        let held = NodeSeen {
+            uid: "u1".into(),
+            annotation: Some("{}".into()),
+            rv: Some(7),
+        };
+        assert_eq!(rx.borrow().node, Some(held.clone()));
+        let why = Problem::new(
+            "forbidden",
+            "403".into(),
+            crate::follow::lifecycle::Failure::ANSWERED,
+        );
+        own.down(&why, now);
+        let told = rx.borrow().problem.clone().unwrap();
+        assert!(
+            told.text.starts_with(
+                "403 (a node may read and write only its own Node: is n1 this node's name"
+            ),
+            "{told}"
+        );
+        assert_eq!(rx.borrow().node, Some(held), "what it had stands");
+        own.up(now);
+        assert_eq!(rx.borrow().problem, None);
+        // A list on a store that went back is counted; one that did not is not.
+        let back = Listed { went_back: true };
+        own.listed(vec![node("n1", "u2", "3", None)], back, now);
+        own.listed(vec![node("n1", "u2", "x", None)], Listed::default(), now);
+        let seen = rx.borrow().clone();
+        assert_eq!(seen.restores, 1);
+        assert_eq!(
+            seen.node,
+            Some(NodeSeen {
+                uid: "u2".into(),
+                annotation: None,
+                rv: None
+            })
+        );
+        own.changed(Change::Deleted(node("n1", "u2", "9", None)), now);
+        assert_eq!(rx.borrow().node, None);
+    }
+}
