@@ -407,3 +407,90 @@ fn a_managed_kubeconfig_is_reported_with_the_kubelets_restart_after_it_gained_a_
         assert!(!raw.contains(&cluster.url), "{raw}");
     }
 }
+
+/// The report kept like a file (issue 38): removed, edited into a lie, or lost with a Node
+/// deleted and registered again, the true report is back within 5 s each time, each repair
+/// counted by its cause and logged once; and idle, the agent writes nothing and asks nothing
+/// about nodes beyond its open watch.
+#[test]
+fn the_report_is_put_back_when_removed_edited_or_the_node_registered_again() {
+    let a = Signer::new("signer-a", Algorithm::P256).pem();
+    let Some(cluster) = cluster_with(&a, &[("worker-7", true)]) else {
+        return;
+    };
+    let node = Node::new();
+    let agent = agent(&cluster, &node, "worker-7", &[]);
+    let truth = || report(&cluster, "worker-7");
+    assert!(
+        eventually(20 * SECOND, || truth()
+            .is_some_and(|r| bundle_held(&r) == (vec![fingerprint(&a)], true))),
+        "no report\n{}",
+        agent.log()
+    );
+    let written = truth().unwrap();
+    std::thread::sleep(2 * SECOND);
+
+    // 30 idle seconds: no write, and no request on nodes but the open watch.
+    let (requests, writes_before) = (cluster.requests_on("nodes"), writes(&agent));
+    std::thread::sleep(30 * SECOND);
+    let after = cluster.requests_on("nodes");
+    assert!(
+        requests.get("WATCH").is_some_and(|n| *n >= 1.0),
+        "the API server's metrics show no watch on nodes: {requests:?}"
+    );
+    let asked = |by: &std::collections::BTreeMap<String, f64>| -> f64 {
+        by.iter().filter(|(verb, _)| *verb != "WATCH").map(|(_, n)| n).sum()
+    };
+    assert_eq!(
+        asked(&after),
+        asked(&requests),
+        "requests on nodes while idle: before {requests:?}, after {after:?}"
+    );
+    assert_eq!(writes(&agent), writes_before, "written while idle");
+
+    // Removed, then edited into a lie (the node out of sync), then the Node deleted and
+    // registered again: each time the true report is back within 5 s.
+    let back_within = |what: &str, limit: Duration| {
+        let started = std::time::Instant::now();
+        assert!(
+            eventually(limit, || truth().as_ref() == Some(&written)),
+            "the report was not put back within {limit:?} after it was {what}: {:?}\n{}",
+            cluster.node_annotation("worker-7", HELD),
+            agent.log()
+        );
+        eprintln!("{what}: put back in {:?}", started.elapsed());
+    };
+    cluster.set_held("worker-7", None);
+    back_within("removed", 5 * SECOND);
+    let mut lie = written.clone();
+    lie["targets"][0]["inSync"] = Value::Bool(false);
+    lie["targets"][0]["reason"] = Value::String("edited by someone".into());
+    cluster.set_held("worker-7", Some(&lie.to_string()));
+    back_within("edited", 5 * SECOND);
+    let uid = cluster.node("worker-7").unwrap()["metadata"]["uid"].clone();
+    let (code, answer) = cluster.request("DELETE", "/api/v1/nodes/worker-7", None);
+    assert_eq!(code, 200, "{answer}");
+    cluster.create_node("worker-7", None);
+    back_within("lost with the Node registered again", 5 * SECOND);
+    assert_ne!(cluster.node("worker-7").unwrap()["metadata"]["uid"], uid);
+
+    // Each repair counted by its cause, and said once in the log.
+    for cause in ["removed", "edited", "registered"] {
+        assert_eq!(
+            agent.sample("kubelet_ca_node_report_writes_total", &[("cause", cause)]),
+            Some(1.0),
+            "{cause}\n{}",
+            agent.log()
+        );
+    }
+    let log = agent.log();
+    assert_eq!(
+        log.matches("put this node's report back on its Node").count(),
+        3,
+        "{log}"
+    );
+    assert_eq!(
+        check_line(&agent.get("/readyz?verbose").unwrap().1, "node-report"),
+        "[+]node-report ok"
+    );
+}

@@ -251,6 +251,37 @@ impl Cluster {
         (code, serde_json::from_str(body).unwrap_or(Value::Null))
     }
 
+    /// The API server's requests on `resource` so far, by verb, from its own
+    /// `apiserver_request_total` (every client's, every code).
+    pub fn requests_on(&self, resource: &str) -> std::collections::BTreeMap<String, f64> {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-m", "20"]);
+        self.as_admin(&mut cmd);
+        let out = cmd
+            .arg(format!("{}/metrics", self.url))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut by_verb = std::collections::BTreeMap::new();
+        let wanted = format!("resource=\"{resource}\"");
+        for line in text.lines() {
+            let Some(labels) = line.strip_prefix("apiserver_request_total{") else {
+                continue;
+            };
+            if !labels.contains(&wanted) || !labels.contains("subresource=\"\"") {
+                continue;
+            }
+            let verb = labels
+                .split("verb=\"")
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .unwrap_or_default();
+            let value: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            *by_verb.entry(verb.to_string()).or_insert(0.0) += value;
+        }
+        by_verb
+    }
+
     /// Creates `namespace` unless it exists.
     pub fn namespace(&self, namespace: &str) {
         let body =
