@@ -439,7 +439,10 @@ fn the_report_is_put_back_when_removed_edited_or_the_node_registered_again() {
         "the API server's metrics show no watch on nodes: {requests:?}"
     );
     let asked = |by: &std::collections::BTreeMap<String, f64>| -> f64 {
-        by.iter().filter(|(verb, _)| *verb != "WATCH").map(|(_, n)| n).sum()
+        by.iter()
+            .filter(|(verb, _)| *verb != "WATCH")
+            .map(|(_, n)| n)
+            .sum()
     };
     assert_eq!(
         asked(&after),
@@ -485,7 +488,8 @@ fn the_report_is_put_back_when_removed_edited_or_the_node_registered_again() {
     }
     let log = agent.log();
     assert_eq!(
-        log.matches("put this node's report back on its Node").count(),
+        log.matches("put this node's report back on its Node")
+            .count(),
         3,
         "{log}"
     );

@@ -21,6 +21,7 @@ const NS: &str = "openshift-config-managed";
 const NAME: &str = "kube-apiserver-client-ca";
 const SPEC: &str = "configmap:openshift-config-managed/kube-apiserver-client-ca";
 const KEY: &str = "ca-bundle.crt";
+const HELD: &str = "kubelet-ca-agent/held";
 
 /// Moves the store's revision well past the backup's, as a cluster's leases and events do.
 fn life_goes_on(cluster: &Cluster) {
@@ -183,4 +184,82 @@ fn the_publisher_follows_a_store_restored_from_a_backup() {
         log.contains("store went back"),
         "a resourceVersion that went back is logged as such\n{log}"
     );
+}
+
+/// The nodes' reports through a restore from a backup taken before the agents reported
+/// (issue 38): the restored store has the Nodes and no report; every agent puts its report
+/// back within 10 s of the API server answering, counted as a restore.
+#[test]
+fn every_nodes_report_is_back_after_a_store_restored_from_before_it() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let signer = Signer::new("signer-a", Algorithm::P256).pem();
+    cluster.put_configmap(NS, NAME, &[(KEY, &signer)]);
+    let names = ["worker-r1", "worker-r2", "worker-r3"];
+    for name in names {
+        cluster.grant_configmaps(
+            NS,
+            &[NAME],
+            &["get", "list", "watch"],
+            &format!("system:node:{name}"),
+        );
+        cluster.create_node(name, None);
+    }
+    // The backup: the Nodes, and no report on any of them.
+    cluster.stop();
+    let backup = cluster.backup("etcd-before-reports");
+    cluster.start();
+    let nodes: Vec<Node> = names.iter().map(|_| Node::new()).collect();
+    let agents: Vec<Agent> = names
+        .iter()
+        .zip(&nodes)
+        .map(|(name, node)| {
+            let kubeconfig = cluster.node_kubeconfig(name);
+            let agent = Agent::start(
+                node,
+                &[SPEC],
+                &["--kubeconfig", kubeconfig.to_str().unwrap()],
+            );
+            agent.wait_listening();
+            agent
+        })
+        .collect();
+    let reported = || {
+        names
+            .iter()
+            .all(|name| cluster.node_annotation(name, HELD).is_some())
+    };
+    assert!(eventually(20 * SECOND, reported), "{}", agents[0].log());
+    let before: Vec<Option<String>> = names
+        .iter()
+        .map(|name| cluster.node_annotation(name, HELD))
+        .collect();
+    life_goes_on(&cluster);
+
+    let answered = restore(&cluster, &agents[0], &backup);
+    assert!(
+        eventually(10 * SECOND, || names
+            .iter()
+            .zip(&before)
+            .all(|(name, held)| cluster.node_annotation(name, HELD) == *held)),
+        "not every report was back 10 s after the API server answered: {:?}\n{}",
+        names.map(|name| cluster.node_annotation(name, HELD).is_some()),
+        agents[0].log()
+    );
+    eprintln!(
+        "every report back {:?} after the API server answered",
+        answered.elapsed()
+    );
+    for agent in &agents {
+        assert_eq!(
+            agent.sample(
+                "kubelet_ca_node_report_writes_total",
+                &[("cause", "restored")]
+            ),
+            Some(1.0),
+            "{}",
+            agent.log()
+        );
+    }
 }

@@ -330,11 +330,7 @@ impl Followed for Nodes {
         selection(self.selector.as_deref())
     }
 
-    async fn list(
-        &self,
-        client: Client,
-        params: ListParams,
-    ) -> kube::Result<ObjectList<Self::K>> {
+    async fn list(&self, client: Client, params: ListParams) -> kube::Result<ObjectList<Self::K>> {
         Api::<KubeNode>::all(client).list_metadata(&params).await
     }
 

@@ -95,11 +95,7 @@ impl Followed for OwnNode {
         Selection::named(&self.name)
     }
 
-    async fn list(
-        &self,
-        client: Client,
-        params: ListParams,
-    ) -> kube::Result<ObjectList<Self::K>> {
+    async fn list(&self, client: Client, params: ListParams) -> kube::Result<ObjectList<Self::K>> {
         Api::<Node>::all(client).list_metadata(&params).await
     }
 

@@ -185,10 +185,16 @@ impl Policy {
     }
 
     /// The Node's watch says `node`, at resourceVersion `rv`; `restored`: it comes from a
-    /// list on a store that went back. A state older than the last write is passed over:
-    /// the watch brings it after the write, and the write's own state follows it.
+    /// list on a store that went back. A state older than the last write is passed over
+    /// (the watch brings it after the write, and the write's own state follows it), unless
+    /// the store went back since.
     pub fn seen(&mut self, node: OnNode, rv: Option<u64>, restored: bool) {
-        self.restored |= restored;
+        if restored {
+            // A store restored from a backup: its revisions are behind the write's, and
+            // what it holds is what the Node holds now.
+            self.restored = true;
+            self.written_rv = None;
+        }
         if let (Some(written), Some(rv), OnNode::Holds { .. }) = (self.written_rv, rv, &node)
             && rv < written
         {
@@ -854,17 +860,24 @@ mod tests {
         p.seen(holds("u2", None), Some(12), false);
         assert_eq!(write(&p, now).1, Cause::Registered);
         p.outcome(Outcome::Written { rv: Some(13) }, now, MIN);
-        // A store restored from before the report: the old revision is not passed over
-        // when the Node does not hold it, and the cause is the restore.
-        p.seen(holds("u2", None), Some(4), true);
+        // A state older than the write, not from a restore: passed over.
+        p.seen(holds("u2", None), Some(12), false);
         assert_eq!(
             p.next(now, true),
             Action::Idle,
             "older than the write: passed over"
         );
-        p.seen(holds("u2", None), Some(14), false);
+        // A store restored from before the report: its revisions are behind the write's,
+        // and what it says stands; the cause is the restore.
+        p.seen(holds("u2", None), Some(4), true);
         assert_eq!(write(&p, now).1, Cause::Restored);
-        p.outcome(Outcome::Written { rv: Some(15) }, now, MIN);
+        p.outcome(Outcome::Written { rv: Some(5) }, now, MIN);
+        p.seen(holds("u2", None), Some(4), false);
+        assert_eq!(
+            p.next(now, true),
+            Action::Idle,
+            "the write's revision is the new store's"
+        );
         // A restore whose Node already holds the report: nothing to write, and the next
         // repair is not taken for a restore.
         p.seen(holds("u2", Some(ours.clone())), Some(20), true);

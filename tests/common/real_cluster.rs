@@ -276,7 +276,11 @@ impl Cluster {
                 .nth(1)
                 .and_then(|v| v.split('"').next())
                 .unwrap_or_default();
-            let value: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            let value: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
             *by_verb.entry(verb.to_string()).or_insert(0.0) += value;
         }
         by_verb
