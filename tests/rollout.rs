@@ -419,3 +419,62 @@ fn a_successful_wait_prints_no_warning() {
         );
     }
 }
+
+/// `rollout wait` through a client certificate rotated under it (issue 38): its certificate
+/// expires while it waits, the API server restarts (every request after is refused as
+/// unauthorized, 401), and a new certificate is written in its place. The wait never exits
+/// on the refusal: it reads its credentials again, lists on the new certificate, and
+/// succeeds when the last node holds the CA.
+#[test]
+fn rollout_wait_keeps_waiting_through_a_client_certificate_rotated_under_it() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    cluster.create_node("n1", Some(&held(&[&fa])));
+    cluster.grant_nodes(&["get", "list", "watch"], "operator");
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = (dir.path().join("client.crt"), dir.path().join("client.key"));
+    let second = Duration::from_secs(1);
+    cluster.client_cert_until("operator", &[], 12 * second, &crt, &key);
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: operator\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: operator}}\ncurrent-context: c\n",
+            cluster.url,
+            cluster.path("pki/ca.crt").display(),
+            crt.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let mut wait = RolloutWait::start(&kubeconfig, &["--for", &format!("add={fb}")]);
+    // The operator may read Nodes alone: the CA is named by its fingerprint.
+    let name = format!("sha256:{}...", &fb[..12]);
+    assert_eq!(wait.line(20 * second), format!("0 of 1 nodes hold {name}"));
+    // The certificate expires; the API server restarts, and refuses it from then on.
+    std::thread::sleep(13 * second);
+    cluster.restart();
+    std::thread::sleep(3 * second);
+    assert!(
+        wait.running(),
+        "rollout wait exited on the refusal\n{}",
+        wait.log()
+    );
+    // A new certificate, written as a rotation writes it.
+    let (new_crt, new_key) = (dir.path().join("new.crt"), dir.path().join("new.key"));
+    cluster.client_cert_until("operator", &[], 3600 * second, &new_crt, &new_key);
+    std::fs::rename(&new_key, &key).unwrap();
+    std::fs::rename(&new_crt, &crt).unwrap();
+    std::thread::sleep(2 * second);
+    cluster.set_held("n1", Some(&held(&[&fa, &fb])));
+    assert_eq!(wait.line(15 * second), format!("1 of 1 nodes hold {name}"));
+    let (code, out) = wait.exit(5 * second);
+    let log = wait.log();
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    assert!(
+        log.contains("credentials for the API server changed"),
+        "the new certificate was read\n{log}"
+    );
+}

@@ -173,6 +173,94 @@ impl Cluster {
         (crt, key)
     }
 
+    /// A client certificate for `user` in `groups` signed by the cluster CA that expires
+    /// `valid` from now (`openssl ca`, which takes exact dates), written to `crt` and `key`.
+    pub fn client_cert_until(
+        &self,
+        user: &str,
+        groups: &[&str],
+        valid: std::time::Duration,
+        crt: &Path,
+        key: &Path,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |p: &str| dir.path().join(p);
+        fs::write(at("index.txt"), "").unwrap();
+        fs::write(
+            at("serial"),
+            format!(
+                "{:016x}\n",
+                std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64
+            ),
+        )
+        .unwrap();
+        fs::write(
+            at("ca.cnf"),
+            format!(
+                "[ca]\ndefault_ca = d\n[d]\ndatabase = {}\nnew_certs_dir = {}\nserial = {}\ndefault_md = sha256\npolicy = p\n[p]\norganizationName = optional\ncommonName = supplied\n",
+                at("index.txt").display(),
+                dir.path().display(),
+                at("serial").display()
+            ),
+        )
+        .unwrap();
+        fs::write(at("ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        let mut subject = String::new();
+        for group in groups {
+            subject.push_str(&format!("/O={group}"));
+        }
+        subject.push_str(&format!("/CN={user}"));
+        openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            path_str(key),
+            "-out",
+            path_str(&at("csr")),
+            "-subj",
+            &subject,
+        ]);
+        let date = |t: std::time::SystemTime| {
+            let out = Command::new("date")
+                .args(["-u", "-d"])
+                .arg(format!(
+                    "@{}",
+                    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+                ))
+                .arg("+%Y%m%d%H%M%SZ")
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let now = std::time::SystemTime::now();
+        openssl(&[
+            "ca",
+            "-batch",
+            "-notext",
+            "-preserveDN",
+            "-config",
+            path_str(&at("ca.cnf")),
+            "-cert",
+            path_str(&self.path("pki/ca.crt")),
+            "-keyfile",
+            path_str(&self.path("pki/ca.key")),
+            "-in",
+            path_str(&at("csr")),
+            "-out",
+            path_str(crt),
+            "-startdate",
+            &date(now - std::time::Duration::from_secs(60)),
+            "-enddate",
+            &date(now + valid),
+            "-extfile",
+            path_str(&at("ext")),
+        ]);
+    }
+
     /// A kubeconfig for a client certificate with CN `user` and O `groups`, signed by the
     /// cluster CA ([`Cluster::client_cert`]), its certificate and key in files beside it (as
     /// the kubelet's `kubelet-client-current.pem` is).
