@@ -6,11 +6,11 @@
 //! alone, so a version 1 certificate is refused before any connection, with an error that
 //! reads as a wrong key. Yet a client certificate is only sent: the API server decides
 //! whether it accepts it, and kube-apiserver (Go's x509) accepts version 1. So for such a
-//! certificate the stack is built here, as kube-rs builds its own (its TLS configuration with
-//! the trusted CAs, its connector timeouts, its base URI, authentication and header layers),
-//! with the certificate given to rustls as it is. The key was checked against the
-//! certificate when it was loaded ([`super::load`]). Every other certificate takes
-//! kube-rs's own stack.
+//! certificate the stack is built here as kube-rs builds its own (its TLS configuration
+//! with the trusted CAs, its connector timeouts, its base URI, authentication and header
+//! layers; not its debug-level tracing spans), with the certificate given to rustls as it
+//! is. The key was checked against the certificate when it was loaded ([`super::load`]).
+//! Every other certificate takes kube-rs's own stack.
 
 use std::sync::Arc;
 
