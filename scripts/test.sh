@@ -7,7 +7,8 @@
 # library that test preloads into the agent, and etcd-server for the real API server of
 # ../shared/tools/kube-apiserver/cluster: installed here once, before the tests, because that
 # script would otherwise install it from several tests at once, which collide on the dpkg
-# lock), then format, lints and every test; then
+# lock), then format, lints, the modules' import floors (scripts/check-imports.py) and every
+# test; then
 # scripts/check-docs.py checks the commands the docs show against the binary, and
 # scripts/check-ship.sh checks what ships (systemd unit, image, deploy/, alerts), installing
 # systemd-analyze, buildah, python3-venv (kubernetes-validate from PyPI) and, without a
@@ -38,6 +39,8 @@ export CARGO_INCREMENTAL=0
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# One floor each: no circle of imports between the top-level modules of src/.
+./scripts/check-imports.py
 # Each benchmark once in a quick smoke mode (debug build), so they keep working; their
 # figures mean nothing here: `cargo bench` gives the real ones.
 cargo test --benches --locked

@@ -23,7 +23,6 @@ use futures::StreamExt;
 use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::source::SourceSpec;
 use crate::writer::atomic::parent_dir;
 
 /// How often watches are checked against the paths they are for, whatever inotify said,
@@ -70,6 +69,15 @@ pub struct Plan {
     registries: Vec<PathBuf>,
 }
 
+/// A local source as the watcher sees it (`file:` and `dir:`, SPEC 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Local<'a> {
+    /// One file.
+    File(&'a Path),
+    /// A directory of files.
+    Dir(&'a Path),
+}
+
 #[derive(Debug, Clone)]
 enum SourceWatch {
     File { dir: PathBuf, name: OsString },
@@ -80,15 +88,17 @@ enum SourceWatch {
 const PROJECTED_DATA: &str = "..data";
 
 impl Plan {
-    pub fn new(managed: &[PathBuf], sources: &[SourceSpec]) -> Plan {
+    /// The managed files and the local sources, each by its position in `--source` order
+    /// (`None`: a cluster source, nothing on disk).
+    pub fn new(managed: &[PathBuf], sources: &[Option<Local<'_>>]) -> Plan {
         // inotify reports names within watched directories; paths are made absolute so
         // that the directories and their parents are unambiguous.
         let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let sources = sources
             .iter()
             .enumerate()
-            .filter_map(|(i, spec)| match spec {
-                SourceSpec::File(path) => {
+            .filter_map(|(i, local)| match local {
+                Some(Local::File(path)) => {
                     let path = absolute(path);
                     let name = path.file_name().unwrap_or_default().to_os_string();
                     Some((
@@ -99,8 +109,8 @@ impl Plan {
                         },
                     ))
                 }
-                SourceSpec::Dir(dir) => Some((i, SourceWatch::Dir(absolute(dir)))),
-                _ => None,
+                Some(Local::Dir(dir)) => Some((i, SourceWatch::Dir(absolute(dir)))),
+                None => None,
             })
             .collect();
         Plan {
@@ -560,14 +570,11 @@ mod tests {
 
     #[test]
     fn events_are_routed_by_directory_and_name() {
-        let sources: Vec<SourceSpec> = [
-            "file:/srv/ca/signer.crt",
-            "dir:/srv/signers",
-            "configmap:a/b",
-        ]
-        .iter()
-        .map(|s| s.parse().unwrap())
-        .collect();
+        let sources = [
+            Some(Local::File(Path::new("/srv/ca/signer.crt"))),
+            Some(Local::Dir(Path::new("/srv/signers"))),
+            None,
+        ];
         let plan = Plan::new(
             &[
                 PathBuf::from("/etc/kubernetes/kubelet-ca.crt"),

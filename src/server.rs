@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod breaker;
 pub mod endpoint;
+pub mod exposition;
 pub mod identity;
 pub mod render;
 pub mod repeated;
@@ -40,7 +41,6 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::credentials::Credentials;
-use crate::metrics;
 use crate::status::{Check, StatusRx};
 use crate::text::escape;
 pub use auth::Guard;
@@ -197,7 +197,7 @@ impl Limits {
 
 pub fn router(
     status: StatusRx,
-    exposition: metrics::Exposition,
+    exposition: exposition::Exposition,
     liveness: Liveness,
     guard: Arc<Guard>,
     credentials: Option<Credentials>,
@@ -886,9 +886,9 @@ async fn metrics_handler(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
     let content_type = if wants_openmetrics {
-        metrics::OPENMETRICS_CONTENT_TYPE
+        exposition::OPENMETRICS_CONTENT_TYPE
     } else {
-        metrics::PROMETHEUS_CONTENT_TYPE
+        exposition::PROMETHEUS_CONTENT_TYPE
     };
     match app.renders.get(wants_openmetrics).await {
         Some(body) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),

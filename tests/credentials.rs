@@ -742,3 +742,76 @@ fn sync_without_usable_credentials_exits_1_with_the_cause_once() {
     assert!(err.contains(&missing.display().to_string()), "{err}");
     assert!(err.contains("pass --kubeconfig"), "{err}");
 }
+
+/// A client certificate of X.509 version 1, as `openssl x509 -req` makes without an
+/// extension file, against the real API server, which accepts it: the agent with a node's
+/// such identity reads the sources and writes its report on its Node, and an operator's
+/// `rollout status` with one reads the fleet. Neither is refused as a key that is not the
+/// certificate's.
+#[test]
+fn a_version_1_client_certificate_is_used_as_the_api_server_accepts_it() {
+    use common::real_cluster::{Cluster, rollout};
+    use common::stdout;
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let signer = Signer::new("signer-a", Algorithm::P256).pem();
+    cluster.put_configmap(NS, NAME, &[("ca-bundle.crt", &signer)]);
+    cluster.grant_configmaps(
+        NS,
+        &[NAME],
+        &["get", "list", "watch"],
+        "system:node:v1-node",
+    );
+    cluster.create_node("v1-node", None);
+    let kubeconfig = cluster.kubeconfig_for_v1("system:node:v1-node", &["system:nodes"]);
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(cluster.path("users/system-node-v1-node/client.crt"))
+        .output()
+        .expect("openssl");
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("Version: 1 (0x0)"),
+        "not a version 1 certificate: {}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+
+    let node = Node::new();
+    let agent = Agent::start(
+        &node,
+        &[SPEC],
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    assert!(
+        eventually(20 * SECOND, || node.holds(&signer)),
+        "the bundle was not written: {}",
+        agent.log()
+    );
+    assert!(
+        eventually(10 * SECOND, || cluster
+            .node_annotation("v1-node", "kubelet-ca-agent/held")
+            .is_some()),
+        "no report on Node v1-node: {}",
+        agent.log()
+    );
+    assert!(
+        !agent.log().contains("do not go together"),
+        "{}",
+        agent.log()
+    );
+
+    let operator = cluster.kubeconfig_for_v1("v1-operator", &["system:masters"]);
+    let out = rollout(&operator, &["status"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).starts_with("1 of 1 nodes hold what the sources make"),
+        "{}",
+        stdout(&out)
+    );
+}

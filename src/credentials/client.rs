@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use kube::client::{Body, ClientBuilder, DynBody};
+use kube::client::{Body, DynBody};
 use kube::core::Status;
 use tower::BoxError;
 
@@ -35,7 +35,7 @@ pub fn client(config: kube::Config) -> kube::Result<kube::Client> {
     let again = tower::layer::layer_fn(|stack| {
         SendAgainIfClosed(tower::buffer::Buffer::new(stack, STACK_BUFFER))
     });
-    Ok(ClientBuilder::try_from(config)?
+    Ok(super::tls::builder(config)?
         .with_layer(&carry)
         .with_layer(&again)
         .build())

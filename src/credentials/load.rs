@@ -734,14 +734,28 @@ fn pair(
             "{key_where}: a private key of a kind the client cannot use"
         ))
     })?;
-    rustls::sign::CertifiedKey::new(chain, signing)
-        .keys_match()
-        .or_else(|_| {
-            fail(format!(
-                "{cert_where} and {key_where} do not go together: the key is not the certificate's (a rotation half done?)"
-            ))
-        })?;
+    // The key's public half against the certificate's, compared here rather than by rustls
+    // (`keys_match`), which parses the certificate with webpki and so fails every
+    // certificate of X.509 version 1 as if its key were another's. The API server accepts
+    // version 1, and so does the client ([`super::tls`]).
+    let matches = match signing.public_key() {
+        Some(spki) => subject_public_key_info(leaf).is_some_and(|of_cert| of_cert == *spki),
+        // A kind of key whose public half rustls cannot tell: the server will.
+        None => true,
+    };
+    if !matches {
+        return fail(format!(
+            "{cert_where} and {key_where} do not go together: the key is not the certificate's (a rotation half done?)"
+        ));
+    }
     Ok(certificate)
+}
+
+/// The DER of a certificate's subjectPublicKeyInfo, whatever its version.
+fn subject_public_key_info(der: &[u8]) -> Option<Vec<u8>> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, certificate) = X509Certificate::from_der(der).ok()?;
+    Some(certificate.public_key().raw.to_vec())
 }
 
 /// The Node a service account token bound to a Pod names: the claim
@@ -950,6 +964,110 @@ mod tests {
             "{refused}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `openssl ARGS` in `dir`, which must succeed.
+    fn openssl(dir: &Path, args: &[&str]) {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A client certificate of X.509 version 1, as `openssl x509 -req` makes without an
+    /// extension file (the API server accepts one), is loaded with its key, and a client is
+    /// built on it; with another key it is refused as not the key's.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_version_1_client_certificate_is_loaded_and_a_client_built_on_it() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ];
+        let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=ca"];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+        openssl(d, &ca);
+        let mut csr = vec!["req", "-subj", "/O=system:nodes/CN=system:node:a"];
+        csr.extend(ec);
+        csr.extend(["-keyout", "client.key", "-out", "client.csr"]);
+        openssl(d, &csr);
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "client.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-out",
+                "client.crt",
+            ],
+        );
+        let crt = std::fs::read(d.join("client.crt")).unwrap();
+        let der = CertificateDer::from_pem_slice(&crt).unwrap();
+        assert!(super::super::tls::is_version_1(&der), "not version 1");
+
+        let user = |key: &str| {
+            format!(
+                "    client-certificate: {}\n    client-key: {}\n",
+                d.join("client.crt").display(),
+                d.join(key).display()
+            )
+        };
+        let cluster = format!(
+            "    certificate-authority: {}\n",
+            d.join("ca.crt").display()
+        );
+        let path = d.join("kubeconfig");
+        let loaded = load_kubeconfig(&path, &cluster, &user("client.key"), "--kubeconfig")
+            .result
+            .unwrap_or_else(|e| panic!("{}", e.problem));
+        let held = loaded.held.iter().find(|h| h.kind == "user").unwrap();
+        assert_eq!(held.certificate.subject_cn, "system:node:a");
+        assert!(
+            super::super::client(loaded.config).is_ok(),
+            "no client is built on a version 1 certificate"
+        );
+
+        openssl(
+            d,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                "other.key",
+            ],
+        );
+        let refused = load_kubeconfig(&path, &cluster, &user("other.key"), "--kubeconfig")
+            .result
+            .err()
+            .expect("another key is refused")
+            .problem;
+        assert!(
+            refused.contains("do not go together: the key is not the certificate's"),
+            "{refused}"
+        );
     }
 
     #[test]

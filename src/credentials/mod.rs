@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod load;
+pub mod tls;
 
 pub use client::client;
 

@@ -245,7 +245,11 @@ async fn run_async(
 
     // A directory that does not exist at start is a configuration error; later, one that
     // goes away is watched for until it is back.
-    let plan = files::Plan::new(&args.common.managed_paths(), &sources)
+    let local: Vec<_> = sources
+        .iter()
+        .map(crate::source::SourceSpec::local)
+        .collect();
+    let plan = files::Plan::new(&args.common.managed_paths(), &local)
         .with_tls_files(&endpoint.tls_files())
         .with_registry_dirs(&args.common.registry_dirs());
     for (dir, role) in plan.dirs() {

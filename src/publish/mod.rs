@@ -453,7 +453,7 @@ async fn watch_and_publish(
     metrics.init_file(&label, CONFIGMAP_SYNC_ERRORS);
     let specs = all_sources(&args);
     for spec in &specs {
-        metrics.init_source(spec);
+        spec.init_metrics(&metrics);
     }
     let (status_tx, status_rx) = watch::channel(Arc::new(Status {
         kind: TargetKind::ConfigMap,
@@ -1351,7 +1351,7 @@ impl Publisher {
                     target: Target::Bundle,
                 };
                 let verdict = verdict(&question, fleet.for_verdict(None));
-                Some(crate::fleet::gauges::Counts::of(&verdict))
+                Some(crate::fleet::gauges::counts(&verdict))
             }
             _ => None,
         };

@@ -13,12 +13,13 @@ use tokio::sync::mpsc;
 use super::Guard;
 use super::Liveness;
 use super::auth::Authorization;
+use super::exposition;
 use super::review;
 use super::tls::{self, Tls};
 use crate::config;
 use crate::credentials::Credentials;
 use crate::error::UsageError;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::status::StatusRx;
 
 /// The endpoint as started.
@@ -46,7 +47,7 @@ impl Endpoint {
     ) -> anyhow::Result<Endpoint> {
         let (tls, guard) = guard(server, bundle, credentials, &metrics)?;
         let listener = bind(server.listen)?;
-        let registry = metrics::registry(
+        let registry = exposition::registry(
             metrics,
             status.clone(),
             credentials.cloned(),

@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use crate::bundle::parse::Skipped;
 use crate::bundle::{MAX_SOURCE_BYTES, Rejection, SourceCertificates, parse_source};
+use crate::files::Local;
 
 /// The ConfigMap key used when a `configmap:` spec names none.
 pub const DEFAULT_CONFIGMAP_KEY: &str = "ca-bundle.crt";
@@ -65,6 +66,15 @@ impl SourceSpec {
             self,
             SourceSpec::ConfigMap { .. } | SourceSpec::ControllerConfig { .. }
         )
+    }
+
+    /// What is watched on disk for a local source; `None` for a cluster source.
+    pub fn local(&self) -> Option<Local<'_>> {
+        match self {
+            SourceSpec::File(path) => Some(Local::File(path)),
+            SourceSpec::Dir(dir) => Some(Local::Dir(dir)),
+            _ => None,
+        }
     }
 
     /// True for a ControllerConfig field that is a list of registry CAs ([`REGISTRY_LIST_FIELDS`]),

@@ -3,11 +3,37 @@
 //! alike.
 
 use crate::bundle::{Fingerprint, SourceCertificates};
-use crate::metrics::{Metrics, SourceLabels, SourceReasonLabels};
+use crate::metrics::{Metrics, SourceLabels, SourceReasonLabels, known};
 use crate::status::{SourceStatus, unix_now};
 
 use super::cluster::SourceEvent;
-use super::{SourceError, SourceSpec};
+use super::{Keys, SourceError, SourceSpec};
+
+impl SourceSpec {
+    /// Shows the series of this source at 0 ([`Metrics::init_source`]): its errors for every
+    /// reason its kind can have, the certificates it can have left out, and (a cluster
+    /// source) its watch restarts.
+    pub fn init_metrics(&self, metrics: &Metrics) {
+        let reasons: &[&[&str]] = match self {
+            SourceSpec::File(_) => &[known::FILE_SOURCE_ERRORS],
+            SourceSpec::Dir(_) => &[known::DIR_SOURCE_ERRORS],
+            SourceSpec::ConfigMap {
+                keys: Keys::One(_), ..
+            } => &[
+                known::CLUSTER_SOURCE_ERRORS,
+                known::CONFIGMAP_KEY_ERRORS,
+                known::CONFIGMAP_VALUE_ERRORS,
+            ],
+            SourceSpec::ConfigMap { .. } => {
+                &[known::CLUSTER_SOURCE_ERRORS, known::CONFIGMAP_VALUE_ERRORS]
+            }
+            SourceSpec::ControllerConfig { .. } => {
+                &[known::CLUSTER_SOURCE_ERRORS, known::CONTROLLERCONFIG_ERRORS]
+            }
+        };
+        metrics.init_source(&self.to_string(), reasons, self.is_cluster());
+    }
+}
 
 pub struct SourceState {
     pub spec: SourceSpec,

@@ -147,7 +147,7 @@ impl Managed {
         };
         metrics.init_file(&filepath, &[known::FILE_SYNC_ERRORS, cluster]);
         for spec in sources {
-            metrics.init_source(spec);
+            spec.init_metrics(&metrics);
         }
         Managed {
             target,

@@ -99,7 +99,7 @@ impl Kubeconfig {
             filepath: filepath.clone(),
         });
         for spec in sources {
-            metrics.init_source(spec);
+            spec.init_metrics(&metrics);
         }
         Kubeconfig {
             path: path.to_path_buf(),

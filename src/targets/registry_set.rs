@@ -101,7 +101,7 @@ impl RegistrySet {
         state_dir: &Path,
     ) -> RegistrySet {
         for spec in sources {
-            metrics.init_source(spec);
+            spec.init_metrics(&metrics);
         }
         RegistrySet {
             dir: dir.to_path_buf(),

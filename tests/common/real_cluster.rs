@@ -123,6 +123,16 @@ impl Cluster {
     /// openssl: the paths of its certificate and its key (PEM), in `users/USER/` under the
     /// cluster's directory. A node identity is `system:node:NAME` in `system:nodes`.
     pub fn client_cert(&self, user: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
+        self.signed_client_cert(user, groups, true)
+    }
+
+    /// [`Cluster::client_cert`] as `openssl x509 -req` makes it without an extension file:
+    /// a certificate of X.509 version 1, which the API server accepts.
+    pub fn client_cert_v1(&self, user: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
+        self.signed_client_cert(user, groups, false)
+    }
+
+    fn signed_client_cert(&self, user: &str, groups: &[&str], v3: bool) -> (PathBuf, PathBuf) {
         let safe: String = user
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
@@ -153,23 +163,26 @@ impl Cluster {
             "-subj",
             &subject,
         ]);
-        openssl(&[
+        let (ca, ca_key) = (self.path("pki/ca.crt"), self.path("pki/ca.key"));
+        let mut sign = vec![
             "x509",
             "-req",
             "-in",
             path_str(&csr),
             "-CA",
-            path_str(&self.path("pki/ca.crt")),
+            path_str(&ca),
             "-CAkey",
-            path_str(&self.path("pki/ca.key")),
+            path_str(&ca_key),
             "-CAcreateserial",
             "-out",
             path_str(&crt),
             "-days",
             "7",
-            "-extfile",
-            path_str(&ext),
-        ]);
+        ];
+        if v3 {
+            sign.extend(["-extfile", path_str(&ext)]);
+        }
+        openssl(&sign);
         (crt, key)
     }
 
@@ -265,7 +278,16 @@ impl Cluster {
     /// cluster CA ([`Cluster::client_cert`]), its certificate and key in files beside it (as
     /// the kubelet's `kubelet-client-current.pem` is).
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> PathBuf {
-        let (crt, key) = self.client_cert(user, groups);
+        self.kubeconfig_with(self.client_cert(user, groups), user)
+    }
+
+    /// [`Cluster::kubeconfig_for`] with a certificate of X.509 version 1
+    /// ([`Cluster::client_cert_v1`]).
+    pub fn kubeconfig_for_v1(&self, user: &str, groups: &[&str]) -> PathBuf {
+        self.kubeconfig_with(self.client_cert_v1(user, groups), user)
+    }
+
+    fn kubeconfig_with(&self, (crt, key): (PathBuf, PathBuf), user: &str) -> PathBuf {
         let dir = crt.parent().expect("users/USER").to_path_buf();
         let kubeconfig = dir.join("kubeconfig");
         let text = format!(
