@@ -249,6 +249,19 @@ impl Writes {
         }
     }
 
+    /// The last write of each of `nodes` after `from`, when it has one.
+    fn last_after(&self, nodes: &[String], from: Instant) -> Vec<Option<Instant>> {
+        let writes = self.0.lock().unwrap();
+        nodes
+            .iter()
+            .map(|n| {
+                writes
+                    .get(n)
+                    .and_then(|w| w.iter().filter(|t| **t >= from).max().copied())
+            })
+            .collect()
+    }
+
     /// Writes of each of `nodes` between `from` and `to`.
     fn between(&self, nodes: &[String], from: Instant, to: Instant) -> Vec<usize> {
         let writes = self.0.lock().unwrap();
@@ -546,6 +559,61 @@ fn main() {
         format!("min {min}, max {max} ({} agents)", per_agent.len()),
         min == rotations && max == rotations,
     );
+    // The reports removed from every Node at once (issue 38): each agent follows its own
+    // Node and puts its report back. How long until every report is back, and what it
+    // took, by the API server's own request counts (the removals are the admin's PATCHes).
+    let before = cluster.requests_on("nodes");
+    let removed_at = Instant::now();
+    std::thread::scope(|scope| {
+        for chunk in names.chunks(names.len().div_ceil(16).max(1)) {
+            let cluster = &cluster;
+            scope.spawn(move || {
+                for name in chunk {
+                    cluster.set_held(name, None);
+                }
+            });
+        }
+    });
+    let removed_in = removed_at.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut back = writes.last_after(&names, removed_at);
+    while back.iter().any(Option::is_none) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        back = writes.last_after(&names, removed_at);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let after = cluster.requests_on("nodes");
+    let delta = |verb: &str| after.get(verb).unwrap_or(&0.0) - before.get(verb).unwrap_or(&0.0);
+    let returned = back.iter().filter(|b| b.is_some()).count();
+    let slowest = back
+        .iter()
+        .flatten()
+        .max()
+        .map(|t| t.duration_since(removed_at));
+    table.check(
+        "every Node's report removed at once -> every report back (each agent's watch of its own Node)",
+        "all back within 5 s",
+        match slowest {
+            Some(t) => format!(
+                "{returned} of {agents} back, the last {} after the first removal (removals took {})",
+                ms(t),
+                ms(removed_in)
+            ),
+            None => format!("{returned} of {agents} back"),
+        },
+        returned == agents && slowest.is_some_and(|t| t <= Duration::from_secs(5) + removed_in),
+    );
+    table.info(
+        "requests on nodes for it (the API server's counts, less the admin's removals; watches counted as they end)",
+        format!(
+            "PATCH {} (the agents'), GET {}, LIST {}, WATCH {}",
+            delta("PATCH") - agents as f64,
+            delta("GET"),
+            delta("LIST"),
+            delta("WATCH")
+        ),
+    );
+
     // The fleet is done with: the latency below is the agent's own, on a quiet machine.
     drop(fleet);
     let _ = publisher.kill();
