@@ -741,8 +741,22 @@ pub struct RolloutWait {
 
 impl RolloutWait {
     pub fn start(kubeconfig: &Path, args: &[&str]) -> RolloutWait {
+        RolloutWait::start_wrapped(kubeconfig, args, &[])
+    }
+
+    /// [`RolloutWait::start`] under `wrapper` (a command that runs what follows it, as
+    /// `WITHOUT_INOTIFY` does).
+    pub fn start_wrapped(kubeconfig: &Path, args: &[&str], wrapper: &[&str]) -> RolloutWait {
         let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(super::agent_bin())
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(super::agent_bin());
+                command
+            }
+            None => Command::new(super::agent_bin()),
+        };
+        let mut child = command
             .args(["rollout", "wait"])
             .args(args)
             .arg("--kubeconfig")
