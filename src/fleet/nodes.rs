@@ -540,4 +540,43 @@ mod tests {
         assert!(why.text.starts_with("https://h:6443: HTTP 410"), "{why:?}");
         assert!(!why.text.contains('\u{1b}'));
     }
+
+    /// A proxy's HTML error page is one bounded line in what the Nodes' follower tells
+    /// (before the follower, it went uncut into the Nodes' error text).
+    #[test]
+    fn a_proxys_page_is_cut_to_one_line_in_the_nodes_problem() {
+        let page = format!(
+            "<html>\n<head><title>502 Bad Gateway</title></head>\n{}</html>",
+            "<p>upstream said no</p>\n".repeat(400)
+        );
+        let error = kube::Error::Api(
+            kube::core::Status::failure(&page, "Failed to parse error data")
+                .with_code(502)
+                .boxed(),
+        );
+        let (tx, rx) = watch::channel(Arc::new(Fleet::default()));
+        let mut nodes = Nodes {
+            selector: None,
+            fleet: tx,
+            said_down: false,
+        };
+        nodes.down(
+            &Problem::of("https://h:6443", &error),
+            std::time::Instant::now(),
+        );
+        let told = rx.borrow().problem.clone().unwrap();
+        assert!(!told.text.contains('\n'), "{}", told.text);
+        assert!(told.text.len() < 1000, "{} bytes", told.text.len());
+        assert!(
+            told.text.starts_with(
+                "https://h:6443: HTTP 502 with a body that is not a Kubernetes Status"
+            ),
+            "{}",
+            told.text
+        );
+        assert!(nodes.said_down);
+        nodes.up(std::time::Instant::now());
+        assert_eq!(rx.borrow().problem, None);
+        assert!(!nodes.said_down);
+    }
 }
