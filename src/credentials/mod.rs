@@ -228,6 +228,28 @@ impl Credentials {
     }
 }
 
+#[cfg(test)]
+impl Credentials {
+    /// A handle on credentials a test sets: what it sends on the returned sender is the
+    /// current state, and the returned notify is what [`Credentials::stale`] wakes.
+    pub(crate) fn set_by_test(
+        current: Current,
+    ) -> (Credentials, watch::Sender<Arc<Current>>, Arc<Notify>) {
+        let (tx, current) = watch::channel(Arc::new(current));
+        let stale = Arc::new(Notify::new());
+        let origin = Arc::new(Origin::Kubeconfig {
+            paths: Vec::new(),
+            chosen_by: "a test",
+        });
+        let credentials = Credentials {
+            current,
+            stale: stale.clone(),
+            origin,
+        };
+        (credentials, tx, stale)
+    }
+}
+
 /// Reads the credentials once, for a one-shot command, with the same checks as the
 /// follower. Blocking file I/O.
 pub fn read_once(origin: &Origin) -> Result<load::Loaded, load::CredentialError> {
