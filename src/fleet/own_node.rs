@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn the_watch_keeps_the_nodes_uid_report_and_revision_and_counts_restores() {
-        let (tx, rx) = watch::channel(Seen::default());
+        let (tx, mut rx) = watch::channel(Seen::default());
         let mut own = OwnNode {
             name: "n1".into(),
             seen: tx,
@@ -199,6 +199,7 @@ mod tests {
             said_down: false,
         };
         assert_eq!(own.selection(), Selection::named("n1"));
+        assert_eq!(own.name(), "its own Node");
         let now = Instant::now();
         own.listed(vec![], Listed::default(), now);
         assert_eq!(
@@ -215,14 +216,32 @@ mod tests {
             annotation: Some("{}".into()),
             rv: Some(7),
         };
-        assert_eq!(rx.borrow().node, Some(held.clone()));
+        assert_eq!(rx.borrow_and_update().node, Some(held.clone()));
+        // The same again (a status update, a label): nothing new to tell.
+        own.changed(Change::Applied(node("n1", "u1", "7", Some("{}"))), now);
+        assert!(!rx.has_changed().unwrap());
         let why = Problem::new(
             "forbidden",
             "403".into(),
             crate::follow::lifecycle::Failure::ANSWERED,
         );
+        let metrics = Arc::new(Metrics::default());
+        own.metrics = Some(metrics.clone());
         own.down(&why, now);
-        let told = rx.borrow().problem.clone().unwrap();
+        assert!(own.said_down, "said once a spell");
+        let told = rx.borrow_and_update().problem.clone().unwrap();
+        own.down(&why, now);
+        assert!(
+            !rx.has_changed().unwrap(),
+            "the same failure again tells nothing new"
+        );
+        let counted = metrics
+            .node_report_errors
+            .get_or_create(&ReasonLabels {
+                reason: "forbidden".into(),
+            })
+            .get();
+        assert_eq!(counted, 2, "each failure counted");
         assert!(
             told.text.starts_with(
                 "403 (a node may read and write only its own Node: is n1 this node's name"
@@ -232,6 +251,7 @@ mod tests {
         assert_eq!(rx.borrow().node, Some(held), "what it had stands");
         own.up(now);
         assert_eq!(rx.borrow().problem, None);
+        assert!(!own.said_down);
         // A list on a store that went back is counted; one that did not is not.
         let back = Listed { went_back: true };
         own.listed(vec![node("n1", "u2", "3", None)], back, now);
