@@ -23,7 +23,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::Client;
 use kube::api::{Api, ListParams, ObjectList, PartialObjectMeta, WatchEvent, WatchParams};
@@ -331,7 +330,7 @@ impl Followed for Nodes {
     }
 
     async fn list(&self, client: Client, params: ListParams) -> kube::Result<ObjectList<Self::K>> {
-        Api::<KubeNode>::all(client).list_metadata(&params).await
+        follow::list_metadata::<KubeNode>(client, params).await
     }
 
     async fn watch(
@@ -340,8 +339,7 @@ impl Followed for Nodes {
         params: WatchParams,
         rv: String,
     ) -> kube::Result<Events<Self::K>> {
-        let api = Api::<KubeNode>::all(client);
-        api.watch_metadata(&params, &rv).await.map(StreamExt::boxed)
+        follow::watch_metadata::<KubeNode>(client, params, rv).await
     }
 
     fn listed(&mut self, items: Vec<Self::K>, _: Listed, _: std::time::Instant) {

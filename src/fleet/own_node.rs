@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::{Api, ListParams, ObjectList, PartialObjectMeta, WatchParams};
+use kube::api::{ListParams, ObjectList, PartialObjectMeta, WatchParams};
 use tokio::sync::watch;
 
 use super::held::ANNOTATION;
@@ -96,7 +95,7 @@ impl Followed for OwnNode {
     }
 
     async fn list(&self, client: Client, params: ListParams) -> kube::Result<ObjectList<Self::K>> {
-        Api::<Node>::all(client).list_metadata(&params).await
+        follow::list_metadata::<Node>(client, params).await
     }
 
     async fn watch(
@@ -105,8 +104,7 @@ impl Followed for OwnNode {
         params: WatchParams,
         rv: String,
     ) -> kube::Result<Events<Self::K>> {
-        let api = Api::<Node>::all(client);
-        api.watch_metadata(&params, &rv).await.map(StreamExt::boxed)
+        follow::watch_metadata::<Node>(client, params, rv).await
     }
 
     fn listed(&mut self, items: Vec<Self::K>, listed: Listed, _: Instant) {

@@ -350,6 +350,35 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
     }
 }
 
+/// One page of the metadata of cluster-scoped `K` (Nodes), for a [`Followed::list`].
+pub async fn list_metadata<K>(
+    client: Client,
+    params: ListParams,
+) -> kube::Result<ObjectList<kube::api::PartialObjectMeta<K>>>
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope> + Clone + Debug,
+    K: serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    kube::Api::<K>::all(client).list_metadata(&params).await
+}
+
+/// A watch of the metadata of cluster-scoped `K` (Nodes) from `rv`, for a
+/// [`Followed::watch`].
+pub async fn watch_metadata<K>(
+    client: Client,
+    params: WatchParams,
+    rv: String,
+) -> kube::Result<Events<kube::api::PartialObjectMeta<K>>>
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope> + Clone + Debug + Send,
+    K: serde::de::DeserializeOwned + 'static,
+    K::DynamicType: Default,
+{
+    let api = kube::Api::<K>::all(client);
+    api.watch_metadata(&params, &rv).await.map(StreamExt::boxed)
+}
+
 /// Every page of a list, each asked of `server` with `page`: its items and the
 /// resourceVersion to watch from (`None` when the answer had none).
 pub async fn list_pages<K, A>(
