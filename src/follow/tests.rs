@@ -479,3 +479,41 @@ async fn a_request_never_answered_is_hung_and_no_credentials_are_a_failure_said(
     );
     assert!(h.asked.try_recv().is_err(), "no request without a client");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_failed_is_up_again_once_resumed_and_a_410_lists_again_and_says_so() {
+    let log = crate::testlog::Log::default();
+    let _logged = tracing::subscriber::set_default(log.subscriber());
+    let mut h = Harness::start();
+    let (list, _) = h.next().await;
+    let _ = list.answer.send(listed("5", &["cm"]));
+    let (watch, _) = h.next().await;
+    let (answer, events) = open_watch();
+    let _ = watch.answer.send(answer);
+    tokio::time::sleep(lifecycle::CONFIRM * 2).await;
+    // The server fails the established watch (a 500 on it): down, backed off, and resumed
+    // from where it was; once the resumed watch stays open, up again, with no list.
+    let error = |code: u16| {
+        json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Test", "code": code, "message": "m"}})
+            .to_string()
+    };
+    events.unbounded_send(error(500)).unwrap();
+    let (resumed, _) = h.next().await;
+    assert_eq!(resumed.what, "watch from 5");
+    let (answer, events) = open_watch();
+    let _ = resumed.answer.send(answer);
+    tokio::time::sleep(lifecycle::CONFIRM * 2).await;
+    assert_eq!(h.told.take(), ["listed cm", "down api_error", "up"]);
+    // 410 Gone on the established watch: listed again at once, nothing failed, and said.
+    events.unbounded_send(error(410)).unwrap();
+    let (relist, _) = h.next().await;
+    assert_eq!(relist.what, "list");
+    assert!(h.told.take().is_empty(), "a 410 is no failure");
+    let said = log.text();
+    assert_eq!(said.matches("410 Gone").count(), 1, "{said}");
+    assert!(said.contains("the recorder's ConfigMaps"), "{said}");
+    // A list on a store behind the watch's: followed, and said.
+    let _ = relist.answer.send(listed("3", &["cm"]));
+    let _ = h.next().await;
+    assert!(log.text().contains("store went back"), "{}", log.text());
+}
