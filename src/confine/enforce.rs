@@ -207,7 +207,7 @@ pub fn identities<'a>(
         .collect()
 }
 
-fn is_dir(path: &Path) -> bool {
+pub(super) fn is_dir(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_dir())
 }
 

@@ -118,25 +118,8 @@ impl Facts {
             if !path.exists() {
                 continue;
             }
-            // A link into /run (systemd-resolved's stub, NetworkManager's file) is replaced
-            // there by rename: the rule is on its directory, which holds nothing else, and
-            // the link itself needs none (Landlock checks what is opened, not the link).
-            match std::fs::canonicalize(path) {
-                Ok(target) if target != path && target.starts_with("/run") => {
-                    if let Some(dir) = target.parent() {
-                        facts.system_files.push((
-                            dir.to_path_buf(),
-                            Access::Read,
-                            "name resolution",
-                        ));
-                    }
-                }
-                _ => facts.system_files.push((
-                    path.to_path_buf(),
-                    Access::ReadFile,
-                    "name resolution",
-                )),
-            }
+            let (at, access) = resolver_rule(path, std::fs::canonicalize(path).ok());
+            facts.system_files.push((at, access, "name resolution"));
         }
         for (path, access) in TRUST_STORE {
             if Path::new(path).exists() {
@@ -145,16 +128,12 @@ impl Facts {
                     .push((PathBuf::from(path), access, "the system's trust store"));
             }
         }
-        for (variable, access) in [
-            ("SSL_CERT_FILE", Access::ReadFile),
-            ("SSL_CERT_DIR", Access::Read),
-        ] {
-            if let Some(value) = std::env::var_os(variable).filter(|v| !v.is_empty()) {
-                facts
-                    .system_files
-                    .push((PathBuf::from(value), access, "the system's trust store"));
-            }
-        }
+        let named = |variable| std::env::var_os(variable);
+        facts.system_files.extend(
+            trust_named(named("SSL_CERT_FILE"), named("SSL_CERT_DIR"))
+                .into_iter()
+                .map(|(path, access)| (path, access, "the system's trust store")),
+        );
         facts.restart_dir = match &common.kubeconfig_hook {
             Some(crate::config::KubeconfigHook::Request(dir)) => Some(dir.clone()),
             _ => None,
@@ -165,9 +144,39 @@ impl Facts {
     }
 }
 
+/// The rule for a resolver's file at `path`, which resolves to `target`: the file itself,
+/// or, for a link into /run (systemd-resolved's stub, NetworkManager's file), replaced there
+/// by rename, the directory it leads into, which holds nothing else (the link itself needs
+/// no rule: Landlock checks what is opened, not the link).
+pub(super) fn resolver_rule(path: &Path, target: Option<PathBuf>) -> (PathBuf, Access) {
+    match target {
+        Some(target) if target != path && target.starts_with("/run") => match target.parent() {
+            Some(dir) => (dir.to_path_buf(), Access::Read),
+            None => (path.to_path_buf(), Access::ReadFile),
+        },
+        _ => (path.to_path_buf(), Access::ReadFile),
+    }
+}
+
+/// The trust store that `SSL_CERT_FILE` (`file`) and `SSL_CERT_DIR` (`dir`) name, when they
+/// are set and not empty.
+pub(super) fn trust_named(
+    file: Option<std::ffi::OsString>,
+    dir: Option<std::ffi::OsString>,
+) -> Vec<(PathBuf, Access)> {
+    [(file, Access::ReadFile), (dir, Access::Read)]
+        .into_iter()
+        .filter_map(|(value, access)| {
+            value
+                .filter(|v| !v.is_empty())
+                .map(|v| (PathBuf::from(v), access))
+        })
+        .collect()
+}
+
 /// Every cluster's server and proxy of the kubeconfig at `path` (the removal check connects
 /// to them), when it can be read now.
-fn kubeconfig_servers(path: &Path) -> Vec<String> {
+pub(super) fn kubeconfig_servers(path: &Path) -> Vec<String> {
     let Ok(config) = kube::config::Kubeconfig::read_from(path) else {
         return Vec::new();
     };
@@ -181,7 +190,7 @@ fn kubeconfig_servers(path: &Path) -> Vec<String> {
 }
 
 /// The interpreter a script names on its `#!` line.
-fn interpreter(program: &Path) -> Option<PathBuf> {
+pub(super) fn interpreter(program: &Path) -> Option<PathBuf> {
     use std::io::Read;
     let mut head = [0u8; 256];
     let read = std::fs::File::open(program).ok()?.read(&mut head).ok()?;

@@ -525,3 +525,131 @@ fn each_access_gives_what_its_place_needs_and_never_a_link_a_device_or_a_program
     );
     assert_eq!(file_rights(rights(Access::Notify)), Fs::ResolveUnix);
 }
+
+/// What start-up reads for the plan, from files a test lays out: the managed kubeconfigs'
+/// servers and proxies, a `file:` source that is a link, whether anything talks to the
+/// cluster, and the kubelet's restart directory.
+#[test]
+fn what_start_up_reads_for_the_plan_comes_from_the_configuration_and_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubelet.conf");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://10.0.0.9:6443\n    proxy-url: http://proxy.example:3128\n- name: b\n  cluster:\n    server: https://api.example:8443\ncontexts: []\nusers: []\n",
+    )
+    .unwrap();
+    assert_eq!(
+        facts::kubeconfig_servers(&kubeconfig),
+        [
+            "https://10.0.0.9:6443",
+            "http://proxy.example:3128",
+            "https://api.example:8443"
+        ]
+    );
+    assert!(facts::kubeconfig_servers(&dir.path().join("missing")).is_empty());
+    let real = dir.path().join("signers.pem");
+    std::fs::write(&real, "x").unwrap();
+    let link = dir.path().join("link.pem");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let mut common = kubeadm();
+    common.manage_kubeconfig[0].path = kubeconfig.clone();
+    common.sources = vec![
+        SourceSpec::File(link.clone()),
+        SourceSpec::File(real.clone()),
+    ];
+    let gathered = Facts::gather(&run(common.clone()), &[]);
+    assert!(
+        !gathered.cluster,
+        "no credentials: nothing talks to the cluster"
+    );
+    assert!(
+        gathered
+            .servers
+            .contains(&"https://api.example:8443".to_string())
+    );
+    assert_eq!(
+        gathered.links.get(&link),
+        Some(&real.canonicalize().unwrap())
+    );
+    assert!(
+        !gathered.links.contains_key(&real),
+        "a file that is no link"
+    );
+    assert_eq!(
+        gathered.restart_dir.as_deref(),
+        Some(Path::new("/run/kubelet-ca-agent/kubelet-restart"))
+    );
+    common.kubeconfig_hook = None;
+    let origin = crate::credentials::Origin::Kubeconfig {
+        paths: vec![kubeconfig.clone()],
+        chosen_by: "a test",
+    };
+    let gathered = Facts::gather(&run(common), &[&origin]);
+    assert!(gathered.cluster, "credentials: it talks to the cluster");
+    assert_eq!(gathered.restart_dir, None);
+    assert!(gathered.credential_files.contains(&kubeconfig));
+    // The system's resolver files: each that exists, none that does not.
+    for (path, access, why) in &gathered.system_files {
+        if *why == "name resolution" {
+            assert!(path.exists(), "{path:?}");
+            assert!(matches!(access, Access::ReadFile | Access::Read));
+        }
+    }
+    if Path::new("/etc/hosts").exists() && !Path::new("/etc/hosts").is_symlink() {
+        assert!(
+            gathered
+                .system_files
+                .iter()
+                .any(|(p, a, _)| p == Path::new("/etc/hosts") && *a == Access::ReadFile)
+        );
+    }
+}
+
+#[test]
+fn a_resolver_file_linked_into_run_is_read_in_its_directory_and_any_other_as_itself() {
+    let resolv = Path::new("/etc/resolv.conf");
+    assert_eq!(
+        facts::resolver_rule(resolv, Some("/run/systemd/resolve/stub-resolv.conf".into())),
+        (PathBuf::from("/run/systemd/resolve"), Access::Read)
+    );
+    assert_eq!(
+        facts::resolver_rule(resolv, Some(resolv.to_path_buf())),
+        (resolv.to_path_buf(), Access::ReadFile)
+    );
+    assert_eq!(
+        facts::resolver_rule(resolv, Some("/etc/alternatives/resolv.conf".into())),
+        (resolv.to_path_buf(), Access::ReadFile),
+        "a link elsewhere than /run: the file as it is read"
+    );
+    assert_eq!(
+        facts::resolver_rule(resolv, None),
+        (resolv.to_path_buf(), Access::ReadFile)
+    );
+}
+
+#[test]
+fn the_trust_store_the_environment_names_is_read_when_it_names_one() {
+    assert_eq!(
+        facts::trust_named(Some("/opt/ca.pem".into()), Some("/opt/certs".into())),
+        [
+            (PathBuf::from("/opt/ca.pem"), Access::ReadFile),
+            (PathBuf::from("/opt/certs"), Access::Read)
+        ]
+    );
+    assert!(facts::trust_named(Some("".into()), None).is_empty());
+    assert!(facts::trust_named(None, Some("".into())).is_empty());
+}
+
+#[test]
+fn a_script_names_its_interpreter_and_a_directory_is_told_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("hook");
+    std::fs::write(&script, "#!/bin/sh -e\necho hi\n").unwrap();
+    assert_eq!(facts::interpreter(&script), Some(PathBuf::from("/bin/sh")));
+    let binary = dir.path().join("binary");
+    std::fs::write(&binary, [0x7f, b'E', b'L', b'F']).unwrap();
+    assert_eq!(facts::interpreter(&binary), None);
+    assert!(enforce::is_dir(dir.path()));
+    assert!(!enforce::is_dir(&script));
+    assert!(!enforce::is_dir(&dir.path().join("missing")));
+}
