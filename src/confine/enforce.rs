@@ -132,18 +132,22 @@ pub fn enforce(plan: &Plan) -> Enforced {
 
 /// The rights behind each [`Access`] on a directory.
 pub(super) fn rights(access: Access) -> BitFlags<AccessFs> {
-    let read = AccessFs::ReadFile | AccessFs::ReadDir;
-    let replace =
-        read | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::MakeReg | AccessFs::RemoveFile;
+    use landlock::make_bitflags;
     match access {
         Access::ReadFile => AccessFs::ReadFile.into(),
-        Access::Read => read,
-        Access::Replace => replace,
-        Access::Make => replace | AccessFs::MakeDir,
-        Access::Own => replace | AccessFs::MakeDir | AccessFs::RemoveDir,
-        Access::Run => AccessFs::Execute | AccessFs::ReadFile,
-        Access::RunAll => AccessFs::Execute | AccessFs::ReadFile | AccessFs::ReadDir,
-        Access::Device => AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev,
+        Access::Read => make_bitflags!(AccessFs::{ReadFile | ReadDir}),
+        Access::Replace => make_bitflags!(AccessFs::{
+            ReadFile | ReadDir | WriteFile | Truncate | MakeReg | RemoveFile
+        }),
+        Access::Make => make_bitflags!(AccessFs::{
+            ReadFile | ReadDir | WriteFile | Truncate | MakeReg | RemoveFile | MakeDir
+        }),
+        Access::Own => make_bitflags!(AccessFs::{
+            ReadFile | ReadDir | WriteFile | Truncate | MakeReg | RemoveFile | MakeDir | RemoveDir
+        }),
+        Access::Run => make_bitflags!(AccessFs::{Execute | ReadFile}),
+        Access::RunAll => make_bitflags!(AccessFs::{Execute | ReadFile | ReadDir}),
+        Access::Device => make_bitflags!(AccessFs::{ReadFile | WriteFile | IoctlDev}),
         Access::Notify => AccessFs::ResolveUnix.into(),
     }
 }
@@ -151,12 +155,9 @@ pub(super) fn rights(access: Access) -> BitFlags<AccessFs> {
 /// The rights of a directory that a rule on a file cannot carry.
 pub(super) fn file_rights(rights: BitFlags<AccessFs>) -> BitFlags<AccessFs> {
     rights
-        & (AccessFs::ReadFile
-            | AccessFs::WriteFile
-            | AccessFs::Truncate
-            | AccessFs::Execute
-            | AccessFs::IoctlDev
-            | AccessFs::ResolveUnix)
+        & landlock::make_bitflags!(AccessFs::{
+            ReadFile | WriteFile | Truncate | Execute | IoctlDev | ResolveUnix
+        })
 }
 
 fn landlock(
@@ -167,11 +168,11 @@ fn landlock(
     let scopes = if plan.abstract_unix {
         BitFlags::from(Scope::Signal)
     } else {
-        Scope::Signal | Scope::AbstractUnixSocket
+        landlock::make_bitflags!(Scope::{Signal | AbstractUnixSocket})
     };
     let mut ruleset = Ruleset::default()
         .handle_access(AccessFs::from_all(best))?
-        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
+        .handle_access(landlock::make_bitflags!(AccessNet::{BindTcp | ConnectTcp}))?
         .scope(scopes)?
         .create()?;
     for rule in &plan.paths {
