@@ -935,7 +935,8 @@ fn parse_wait_for(s: &str) -> Result<WaitFor, String> {
 }
 
 /// One FP: a SHA-256 fingerprint (hex, colons allowed, any case, `sha256:` in front or
-/// not) or `file:PATH`.
+/// not), its first 12 or more digits (as `rollout status` prints them, `...` and all), or
+/// `file:PATH`.
 fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
     if let Some(path) = s.strip_prefix("file:") {
         if path.is_empty() {
@@ -943,11 +944,14 @@ fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
         }
         return Ok(Fingerprints::File(PathBuf::from(path)));
     }
-    crate::fleet::held::Sha::parse(s)
-        .map(Fingerprints::Sha)
+    if let Some(sha) = crate::fleet::held::Sha::parse(s) {
+        return Ok(Fingerprints::Sha(sha));
+    }
+    crate::fleet::prefix::ShaPrefix::parse(s)
+        .map(Fingerprints::Prefix)
         .ok_or_else(|| {
             format!(
-                "{:?} is not a SHA-256 fingerprint (64 hex digits, colons allowed) or file:PATH",
+                "{:?} is not a SHA-256 fingerprint (its 64 hex digits, or its first 12 or more; colons allowed) or file:PATH",
                 crate::text::escape(s)
             )
         })
@@ -1202,7 +1206,16 @@ mod tests {
                 Fingerprints::File("/tmp/old.pem".into())
             ]))
         );
+        let prefix = |text: &str| crate::fleet::prefix::ShaPrefix::parse(text).unwrap();
+        assert_eq!(
+            parse_wait_for("add=sha256:abababababab...,ABABABABABABAB"),
+            Ok(WaitFor::Add(vec![
+                Fingerprints::Prefix(prefix("abababababab")),
+                Fingerprints::Prefix(prefix("ababababababab")),
+            ]))
+        );
         for (bad, says) in [
+            ("add=abababababa", "its first 12 or more"),
             ("source", "expected add=FP, remove=FP or sources"),
             ("add=", "names no certificate"),
             ("add= , ", "names no certificate"),

@@ -336,10 +336,12 @@ pub enum WaitFor {
     Remove(Vec<Fingerprints>),
 }
 
-/// Certificates named on the command line: a SHA-256 fingerprint, or every certificate of
-/// a PEM file (read when the command starts).
+/// Certificates named on the command line: a SHA-256 fingerprint, its first digits (at
+/// least 12: resolved once the sources are read and the Nodes listed), or every certificate
+/// of a PEM file (read when the command starts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fingerprints {
     Sha(crate::fleet::held::Sha),
+    Prefix(crate::fleet::prefix::ShaPrefix),
     File(PathBuf),
 }

@@ -5,6 +5,7 @@ pub mod events;
 pub mod gauges;
 pub mod held;
 pub mod nodes;
+pub mod prefix;
 pub mod report;
 pub mod show;
 pub mod verdict;
