@@ -607,3 +607,175 @@ fn rollout_status_names_a_withdrawn_ca_a_node_still_holds() {
     // What the sources name keeps their name, whatever a node says.
     assert!(!text.contains("not-signer-a"), "{text}");
 }
+
+/// `rollout` takes its credentials as kubectl does (issue 39: `--context` was refused): a
+/// context chosen by `--context` from a kubeconfig whose current one points at a wrong
+/// server and user, `--cluster` and `--user` instead of the context's, and `$KUBECONFIG`
+/// naming several files merged as kubectl merges them (a missing one skipped, the first
+/// current-context that is set winning), also as the kubectl plugin.
+#[test]
+fn rollout_takes_its_credentials_as_kubectl_does() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    cluster.create_node("n1", Some(&held(&[&fa, &fb])));
+    let (crt, key) = cluster.client_cert("ops", &["system:masters"]);
+    let (stranger_crt, stranger_key) = cluster.client_cert("stranger", &[]);
+    let ca = cluster.ca_path();
+    let user = |name: &str, crt: &Path, key: &Path| {
+        format!(
+            "- name: {name}\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            crt.display(),
+            key.display()
+        )
+    };
+    let clusters = format!(
+        "clusters:\n- name: right\n  cluster:\n    server: {}\n    certificate-authority: {}\n- name: wrong\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority: {}\n",
+        cluster.url,
+        ca.display(),
+        ca.display()
+    );
+    let users = format!(
+        "users:\n{}{}",
+        user("ops", &crt, &key),
+        user("stranger", &stranger_crt, &stranger_key)
+    );
+    let contexts = "contexts:\n- name: right\n  context: {cluster: right, user: ops}\n- name: wrong\n  context: {cluster: wrong, user: stranger}\n";
+    let two = cluster.path("two-contexts.kubeconfig");
+    std::fs::write(
+        &two,
+        format!(
+            "apiVersion: v1\nkind: Config\n{clusters}{users}{contexts}current-context: wrong\n"
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str], kubeconfig_env: Option<&str>| {
+        let mut command = Command::new(agent_bin());
+        command
+            .arg("rollout")
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .env("HOME", cluster.path("no-home"));
+        if let Some(value) = kubeconfig_env {
+            command.env("KUBECONFIG", value);
+        }
+        command.output().unwrap()
+    };
+    let holds = |out: &std::process::Output| {
+        assert_eq!(out.status.code(), Some(0), "{}{}", stdout(out), stderr(out));
+        assert!(
+            stdout(out).starts_with("1 of 1 nodes hold "),
+            "{}",
+            stdout(out)
+        );
+    };
+    let path = two.to_str().unwrap();
+    // The current context reaches nothing: exit 2.
+    let out = run(&["status", "--kubeconfig", path], None);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    holds(&run(
+        &["status", "--kubeconfig", path, "--context", "right"],
+        None,
+    ));
+    holds(&run(
+        &[
+            "wait",
+            "--for",
+            "sources",
+            "--timeout",
+            "20s",
+            "--kubeconfig",
+            path,
+            "--context",
+            "right",
+        ],
+        None,
+    ));
+    // The wrong context's cluster and user, each replaced.
+    holds(&run(
+        &[
+            "status",
+            "--kubeconfig",
+            path,
+            "--cluster",
+            "right",
+            "--user",
+            "ops",
+        ],
+        None,
+    ));
+    // The right server with the wrong user: refused, as RBAC says (exit 2).
+    let out = run(
+        &["status", "--kubeconfig", path, "--cluster", "right"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stderr(&out).contains("stranger"), "{}", stderr(&out));
+    // A context that is not there: exit 2, naming it.
+    let out = run(&["status", "--kubeconfig", path, "--context", "nope"], None);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("--context \"nope\" is not among its contexts"),
+        "{}",
+        stderr(&out)
+    );
+
+    // $KUBECONFIG with several files: a missing one skipped; the first file sets only the
+    // current-context, and it wins over the second's.
+    let only_current = cluster.path("current.kubeconfig");
+    std::fs::write(
+        &only_current,
+        "apiVersion: v1\nkind: Config\ncurrent-context: right\n",
+    )
+    .unwrap();
+    let list = format!(
+        "{}:{}:{}",
+        cluster.path("missing.kubeconfig").display(),
+        only_current.display(),
+        two.display()
+    );
+    holds(&run(&["status"], Some(&list)));
+    holds(&run(
+        &["wait", "--for", &format!("add={}", &fb[..12])],
+        Some(&list),
+    ));
+    // In the other order, the second file's current-context is the first set: wrong.
+    let reversed = format!("{}:{}", two.display(), only_current.display());
+    let out = run(&["status"], Some(&reversed));
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    holds(&run(&["status", "--context", "right"], Some(&reversed)));
+
+    // As the kubectl plugin, with kubectl's flags.
+    let bin = tempfile::tempdir().unwrap();
+    let plugin = bin.path().join("kubectl-kubelet_ca");
+    std::os::unix::fs::symlink(agent_bin(), &plugin).unwrap();
+    let out = Command::new(&plugin)
+        .args([
+            "rollout",
+            "status",
+            "--context",
+            "right",
+            "--kubeconfig",
+            path,
+        ])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    holds(&out);
+    if Path::new("/usr/bin/kubectl").exists() {
+        let search = format!(
+            "{}:{}",
+            bin.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("/usr/bin/kubectl")
+            .args(["kubelet-ca", "rollout", "status", "--context", "right"])
+            .env("KUBECONFIG", &list)
+            .env("PATH", search)
+            .output()
+            .unwrap();
+        holds(&out);
+    }
+}

@@ -25,7 +25,8 @@ use crate::fleet::verdict::{Ca, Condition, Question, Ready, Report, State, Targe
 use crate::source::{SourceSpec, cluster, local};
 
 pub fn run(config: Rollout) -> anyhow::Result<Exit> {
-    let origin = Origin::resolve(config.kubeconfig.as_deref()).map_err(UsageError)?;
+    let origin = Origin::resolve_kubectl(config.kubeconfig.as_deref(), config.pick.clone())
+        .map_err(UsageError)?;
     // Certificates named by file: are read first: a file that cannot be read is a usage
     // error, before any request.
     let (asked, known) = asked(config.wait.as_ref())?;

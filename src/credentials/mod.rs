@@ -24,7 +24,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::files::{self, FsEvent, Plan};
-pub use load::{HeldCertificate, Origin};
+pub use load::{HeldCertificate, Origin, Pick};
 
 /// The credentials are read again this often, whatever inotify says.
 pub const REREAD_EVERY: Duration = Duration::from_secs(60);
@@ -487,6 +487,7 @@ mod tests {
         let origin = Origin::Kubeconfig {
             paths: vec!["k".into()],
             chosen_by: "--kubeconfig",
+            pick: Pick::default(),
         };
         let ((), log) = crate::testlog::Log::capture(|| {
             log_new(&origin, &Current::default(), &held, "https://api:6443")
