@@ -100,20 +100,27 @@ pub enum Named {
 }
 
 /// Each of `named` as a whole fingerprint, in order and each once, every prefix resolved
-/// among `candidates`; and the candidates the prefixes named, to name them by.
+/// among `candidates`; and the candidates they name, each once, to name them by (a whole
+/// fingerprint that no source names may be named by a report).
 pub fn resolve_all(named: &[Named], candidates: &[Ca]) -> Result<(Vec<Sha>, Vec<Ca>), Unresolved> {
     let mut shas: Vec<Sha> = Vec::with_capacity(named.len());
-    let mut found = Vec::new();
+    let mut found: Vec<Ca> = Vec::new();
     for one in named {
-        let sha = match one {
-            Named::Sha(sha) => sha.clone(),
+        let (sha, ca) = match one {
+            Named::Sha(sha) => (
+                sha.clone(),
+                candidates.iter().find(|c| c.sha256 == *sha).cloned(),
+            ),
             Named::Prefix(prefix) => {
                 let ca = resolve(prefix, candidates)?;
-                let sha = ca.sha256.clone();
-                found.push(ca);
-                sha
+                (ca.sha256.clone(), Some(ca))
             }
         };
+        if let Some(ca) = ca
+            && !found.contains(&ca)
+        {
+            found.push(ca);
+        }
         if !shas.contains(&sha) {
             shas.push(sha);
         }
@@ -275,10 +282,14 @@ mod tests {
                 vec![b.clone(), a.clone()]
             ))
         );
-        // A whole fingerprint needs no candidate.
+        // A whole fingerprint needs no candidate, and takes the name one gives it.
         assert_eq!(
             resolve_all(&[Named::Sha(sha('e'))], &[]),
             Ok((vec![sha('e')], vec![]))
+        );
+        assert_eq!(
+            resolve_all(&[Named::Sha(a.sha256.clone())], &candidates),
+            Ok((vec![a.sha256.clone()], vec![a.clone()]))
         );
         assert_eq!(
             resolve_all(
