@@ -823,9 +823,10 @@ pub enum RolloutCommand {
         long_about = "How many nodes hold what the sources make for the target (by default each \
                       node's bundle, whatever its path; --target PATH for another file, such as the \
                       kubelet's kubeconfig), how many hold each CA of it, and each node that does \
-                      not: what it lacks or still holds, since when, and why as far as its report \
-                      knows (out of sync, a removal held, the kubelet not restarted, no report, an \
-                      invalid report, NotReady). Nodes being deleted are left out; NotReady nodes \
+                      not: what it lacks or still holds (subject CN and fingerprint, which --for \
+                      takes as printed), SINCE (the time of its last report, not when it fell \
+                      behind), and why as far as its report knows (out of sync, a removal held, \
+                      the kubelet not restarted, no report, an invalid report, NotReady). Nodes being deleted are left out; NotReady nodes \
                       are counted and marked. One list of the Nodes' metadata, one of their \
                       readiness.\n\n\
                       Exits 0 when every counted node is current, 1 when one is not, 2 on a usage \
