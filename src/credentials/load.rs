@@ -611,8 +611,7 @@ impl Reader {
             .and_then(|c| c.context.as_ref())
             .and_then(|c| c.namespace.clone());
         let picked = "kubelet-ca-agent:picked".to_string();
-        config.contexts.retain(|c| c.name != picked);
-        config.contexts.push(kube::config::NamedContext {
+        config.contexts = vec![kube::config::NamedContext {
             name: picked.clone(),
             context: Some(kube::config::Context {
                 cluster: cluster_name,
@@ -621,7 +620,7 @@ impl Reader {
                 ..Default::default()
             }),
             ..Default::default()
-        });
+        }];
         config.current_context = Some(picked);
         let options = KubeConfigOptions::default();
         let config =
@@ -697,10 +696,11 @@ fn current(
     source: &str,
     pick: &Pick,
 ) -> Result<(String, String), CredentialError> {
+    // (An empty current-context was made none as the files were merged.)
     let named = match (&pick.context, config.current_context.as_deref()) {
         (Some(name), _) => Some((name.as_str(), "--context")),
-        (None, Some(name)) if !name.is_empty() => Some((name, "current-context")),
-        _ => None,
+        (None, Some(name)) => Some((name, "current-context")),
+        (None, None) => None,
     };
     let context = match named {
         Some((name, by)) => Some(
@@ -1133,6 +1133,24 @@ mod tests {
         assert_eq!(insecure.client_certificate_origin, None);
         let roots = load_with("", "    token: abc\n");
         assert_eq!(roots.ca_origin, "the system's trusted roots");
+        // A client certificate and key in files beside the kubeconfig.
+        std::fs::write(dir.join("client.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.join("client.key"), key.serialize_pem()).unwrap();
+        let files = load_with(
+            "",
+            &format!(
+                "    client-certificate: {}\n    client-key: {}\n",
+                dir.join("client.crt").display(),
+                dir.join("client.key").display()
+            ),
+        );
+        assert_eq!(
+            files.client_certificate_origin,
+            Some(format!(
+                "client-certificate {}",
+                dir.join("client.crt").display()
+            ))
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1164,6 +1182,8 @@ mod tests {
             loaded.ca_origin,
             format!("certificate-authority {}", ca_file.display())
         );
+        let token = loaded.config.auth_info.token.as_ref().unwrap();
+        assert_eq!(token.expose_secret(), "a-token");
 
         let in_cluster = |namespace: Option<&str>| {
             let sa = dir.join("sa");
@@ -1258,6 +1278,26 @@ mod tests {
         };
         let at = |port: u16, token: &str| Ok((format!("https://127.0.0.1:{port}"), token.into()));
         assert_eq!(picked(&[&path], Pick::default()), at(2, "t-viewer"));
+        // The picked context's namespace is the client's default one.
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "- name: prod\n  context:\n",
+            "- name: prod\n  context:\n    namespace: ops\n",
+        );
+        let namespaced = dir.join("namespaced");
+        std::fs::write(&namespaced, text).unwrap();
+        let namespace = |pick: Pick| {
+            load(&Origin::Kubeconfig {
+                paths: vec![namespaced.clone()],
+                chosen_by: "--kubeconfig",
+                pick,
+            })
+            .result
+            .unwrap()
+            .config
+            .default_namespace
+        };
+        assert_eq!(namespace(pick(Some("prod"), None, None)), "ops");
+        assert_eq!(namespace(Pick::default()), "default");
         assert_eq!(
             picked(&[&path], pick(Some("prod"), None, None)),
             at(1, "t-admin")
