@@ -37,6 +37,11 @@ Stated exit codes and defaults, in the docs' prose and in every --help text:
     DEFAULT_CLAIMS must be the [default: ...] of that flag's --help, which the binary prints
     from the value it uses.
 
+The operator docs stand on their own: every doc but the developers' (DEVELOPER_DOCS:
+architecture, testing, performance) is an operator doc, and may not cite the contract the
+project is built to (SPEC 8c, SPEC section 11, SPEC.md), which an operator does not have.
+A metavariable such as `--source SPEC` is not a citation.
+
 Usage: scripts/check-docs.py [--binary PATH] [--verbose] [FILE.md ...]
 """
 
@@ -54,6 +59,13 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKERS = {"cluster", "node"}
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
+# Docs for the project's developers, which may cite SPEC; every other doc is an operator's.
+DEVELOPER_DOCS = {"docs/architecture.md", "docs/testing.md", "docs/performance.md"}
+# A citation of the contract: "SPEC 8c", "SPEC section 11", "SPEC.md", "SPEC's".
+# (Not a numbered list item after a metavariable at a line's end: "--source SPEC\n2. ...".)
+SPEC_CITATION = re.compile(
+    r"\bSPEC(?:\.md\b|'s\b|[ \t]+(?:section[ \t]+|§[ \t]*)?\d+[a-z]?"
+    r"|[ \t]*\n[ \t]*(?:section\s+)?\d+[a-z]?\b(?!\.\s))")
 # Paths of a node that the sandbox provides (everything else absolute is the node's).
 MAPPED = ("/etc/kubernetes", "/var/lib/kubelet-ca-agent")
 HARMLESS_PATHS = ("/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "-")
@@ -731,6 +743,14 @@ def check_prose(doc, prose, root, fail):
                 fail.error(where, f"link to {target}: no heading with that anchor")
 
 
+def check_no_spec(doc, text, fail):
+    """An operator doc cites no SPEC: it says what it means itself."""
+    for m in SPEC_CITATION.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        fail.error(f"{doc}:{line}", f"cites {m.group(0)!r}: an operator doc stands on its own "
+                                    "(say what it means, or link an operator doc)")
+
+
 # --- stated exit codes and defaults -----------------------------------------------------
 
 # Where a text states an exit code: "exit 2", "exits 0", "(exit 1)", "exit code 2".
@@ -884,6 +904,12 @@ EXIT_CLAIMS = {
         [r"Exits 0, or (?P<code>\d) when managed-files\.json cannot be read",
          r"cannot be read or does not parse is an error \(exit (?P<code>\d)\)"],
     ),
+    "rollout with a context the kubeconfig does not have": (
+        "printf 'apiVersion: v1\\nkind: Config\\nclusters:\\n- name: c\\n  cluster: {server: \"https://127.0.0.1:1\"}\\n"
+        "users:\\n- name: u\\n  user: {token: t}\\ncontexts:\\n- name: x\\n  context: {cluster: c, user: u}\\n"
+        "current-context: x\\n' >$SB/kubeconfig; kubelet-ca-agent rollout status --kubeconfig $SB/kubeconfig --context nope",
+        [r"A context, cluster or user that the kubeconfig does not have is a usage error \(exit (?P<code>\d)\)"],
+    ),
 }
 # Exit codes stated for what the sandbox cannot run, and why.
 UNCHECKED_EXITS = [
@@ -901,7 +927,8 @@ UNCHECKED_EXITS = [
      r"|`kubelet-ca-agent rollout wait --for sources --timeout 10m` exits 0"
      r"|Exits 0 when every counted node is current, 1 when one is not, 2 on a usage error"
      r"|Exits 0 when the condition holds, 1 on --timeout"
-     r"|\(exit 1, naming the laggards\)",
+     r"|\(exit 1, naming the laggards\)"
+     r"|whole fingerprint\), is a usage error \(exit 2\)",
      "rollout reads Nodes: tests/rollout.rs and tests/rotation_procedures.rs check its exit "
      "codes against a real API server"),
     (r"rollout status` exits 0|rollout status exits 0|rollout wait --for add=FP exits 0"
@@ -1166,6 +1193,8 @@ def main():
     try:
         for doc in docs:
             text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
+            if os.path.normpath(doc) not in DEVELOPER_DOCS:
+                check_no_spec(doc, text, fail)
             for m in re.finditer(r"KUBELET_CA_AGENT_[A-Z0-9_]+", text):
                 check_env_name(m.group(0), root, f"{doc}:{text.count(chr(10), 0, m.start()) + 1}", fail)
             blocks, prose = parse_markdown(doc, text)

@@ -823,9 +823,10 @@ pub enum RolloutCommand {
         long_about = "How many nodes hold what the sources make for the target (by default each \
                       node's bundle, whatever its path; --target PATH for another file, such as the \
                       kubelet's kubeconfig), how many hold each CA of it, and each node that does \
-                      not: what it lacks or still holds, since when, and why as far as its report \
-                      knows (out of sync, a removal held, the kubelet not restarted, no report, an \
-                      invalid report, NotReady). Nodes being deleted are left out; NotReady nodes \
+                      not: what it lacks or still holds (subject CN and fingerprint, which --for \
+                      takes as printed), SINCE (the time of its last report, not when it fell \
+                      behind), and why as far as its report knows (out of sync, a removal held, \
+                      the kubelet not restarted, no report, an invalid report, NotReady). Nodes being deleted are left out; NotReady nodes \
                       are counted and marked. One list of the Nodes' metadata, one of their \
                       readiness.\n\n\
                       Exits 0 when every counted node is current, 1 when one is not, 2 on a usage \
@@ -837,9 +838,12 @@ pub enum RolloutCommand {
         long_about = "Watch the Nodes' metadata and exit 0 the moment every counted node satisfies \
                       --for: add=FP (holds the CA; for a kubeconfig, the kubelet was also restarted \
                       after it was added), remove=FP (no longer holds it), or sources (holds exactly \
-                      what the sources make). FP is a SHA-256 fingerprint (hex, colons allowed) or \
-                      file:PATH (every certificate of a PEM file); several may be given, separated \
-                      by commas. A line is printed each time the count moves.\n\n\
+                      what the sources make). FP is a SHA-256 fingerprint (hex, colons allowed), \
+                      its first 12 or more digits as rollout status prints them \
+                      (sha256:7cd38cef4711...: it must name one certificate that the sources \
+                      make or a node's report names), or file:PATH (every certificate of a PEM \
+                      file); several may be given, separated by commas. A line is printed each \
+                      time the count moves.\n\n\
                       Exits 0 when the condition holds, 1 on --timeout (the laggards printed as \
                       rollout status prints them), 2 on a usage error or when the sources or the \
                       Nodes cannot be read."
@@ -870,11 +874,22 @@ pub struct RolloutArgs {
     /// node-role.kubernetes.io/worker).
     #[arg(long, value_name = "LABELS", env = "KUBELET_CA_AGENT_SELECTOR")]
     pub selector: Option<String>,
-    /// Kubeconfig. Default: in-cluster, then $KUBECONFIG, then ~/.kube/config when it
-    /// exists, then the kubelet's own kubeconfig (/var/lib/kubelet/kubeconfig,
-    /// /etc/kubernetes/kubelet.conf).
+    /// Kubeconfig, as kubectl finds it. Default: $KUBECONFIG (several files separated by
+    /// ':', merged as kubectl merges them: the first to set a name or the current-context
+    /// wins; missing files are skipped), then ~/.kube/config when it exists, then in-cluster
+    /// (the pod's service account), then the kubelet's own kubeconfig
+    /// (/var/lib/kubelet/kubeconfig, /etc/kubernetes/kubelet.conf).
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use, as kubectl's --context. Default: its current-context.
+    #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_CONTEXT")]
+    pub context: Option<String>,
+    /// The kubeconfig cluster to use instead of the context's, as kubectl's --cluster.
+    #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_CLUSTER")]
+    pub cluster: Option<String>,
+    /// The kubeconfig user to use instead of the context's, as kubectl's --user.
+    #[arg(long, value_name = "NAME", env = "KUBELET_CA_AGENT_USER")]
+    pub user: Option<String>,
     /// The nodes leave certificates past their notAfter out of the bundle (as their own
     /// --drop-expired).
     #[arg(long, env = "KUBELET_CA_AGENT_DROP_EXPIRED", value_parser = BoolishValueParser::new())]
@@ -895,7 +910,8 @@ pub struct RolloutWaitArgs {
     #[command(flatten)]
     pub rollout: RolloutArgs,
     /// The condition: add=FP[,FP...], remove=FP[,FP...] or sources. FP: a SHA-256
-    /// fingerprint (hex, colons allowed) or file:PATH (every certificate in a PEM file).
+    /// fingerprint (hex, colons allowed), its first 12 or more digits (as rollout status
+    /// prints it: sha256:7cd38cef4711...), or file:PATH (every certificate in a PEM file).
     #[arg(long = "for", value_name = "CONDITION", env = "KUBELET_CA_AGENT_FOR", value_parser = parse_wait_for)]
     pub condition: WaitFor,
     /// Give up after this long (exit 1, naming the laggards), e.g. 10m. Default: wait as
@@ -935,7 +951,8 @@ fn parse_wait_for(s: &str) -> Result<WaitFor, String> {
 }
 
 /// One FP: a SHA-256 fingerprint (hex, colons allowed, any case, `sha256:` in front or
-/// not) or `file:PATH`.
+/// not), its first 12 or more digits (as `rollout status` prints them, `...` and all), or
+/// `file:PATH`.
 fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
     if let Some(path) = s.strip_prefix("file:") {
         if path.is_empty() {
@@ -943,11 +960,14 @@ fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
         }
         return Ok(Fingerprints::File(PathBuf::from(path)));
     }
-    crate::fleet::held::Sha::parse(s)
-        .map(Fingerprints::Sha)
+    if let Some(sha) = crate::fleet::held::Sha::parse(s) {
+        return Ok(Fingerprints::Sha(sha));
+    }
+    crate::fleet::prefix::ShaPrefix::parse(s)
+        .map(Fingerprints::Prefix)
         .ok_or_else(|| {
             format!(
-                "{:?} is not a SHA-256 fingerprint (64 hex digits, colons allowed) or file:PATH",
+                "{:?} is not a SHA-256 fingerprint (its 64 hex digits, or its first 12 or more; colons allowed) or file:PATH",
                 crate::text::escape(s)
             )
         })
@@ -1202,7 +1222,16 @@ mod tests {
                 Fingerprints::File("/tmp/old.pem".into())
             ]))
         );
+        let prefix = |text: &str| crate::fleet::prefix::ShaPrefix::parse(text).unwrap();
+        assert_eq!(
+            parse_wait_for("add=sha256:abababababab...,ABABABABABABAB"),
+            Ok(WaitFor::Add(vec![
+                Fingerprints::Prefix(prefix("abababababab")),
+                Fingerprints::Prefix(prefix("ababababababab")),
+            ]))
+        );
         for (bad, says) in [
+            ("add=abababababa", "its first 12 or more"),
             ("source", "expected add=FP, remove=FP or sources"),
             ("add=", "names no certificate"),
             ("add= , ", "names no certificate"),

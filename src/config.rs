@@ -307,8 +307,10 @@ pub struct Rollout {
     pub target: Option<String>,
     /// A label selector of the Nodes counted; `None`, every Node.
     pub selector: Option<String>,
-    /// The kubeconfig named on the command line; None: found as for [`Common::kubeconfig`].
+    /// The kubeconfig named on the command line; None: found as kubectl finds it.
     pub kubeconfig: Option<PathBuf>,
+    /// `--context`, `--cluster`, `--user`: what of the kubeconfig is used.
+    pub pick: crate::credentials::Pick,
     /// Whether the nodes leave certificates past their notAfter out (`--drop-expired`).
     pub drop_expired: bool,
     /// `status`: JSON instead of a table.
@@ -336,10 +338,12 @@ pub enum WaitFor {
     Remove(Vec<Fingerprints>),
 }
 
-/// Certificates named on the command line: a SHA-256 fingerprint, or every certificate of
-/// a PEM file (read when the command starts).
+/// Certificates named on the command line: a SHA-256 fingerprint, its first digits (at
+/// least 12: resolved once the sources are read and the Nodes listed), or every certificate
+/// of a PEM file (read when the command starts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fingerprints {
     Sha(crate::fleet::held::Sha),
+    Prefix(crate::fleet::prefix::ShaPrefix),
     File(PathBuf),
 }

@@ -420,6 +420,366 @@ fn a_successful_wait_prints_no_warning() {
     }
 }
 
+/// A report whose bundle holds `certs`, naming some of them (`names`: fingerprint, CN), as
+/// the node agent names what it holds.
+fn held_named(certs: &[&str], names: &[(&str, &str)]) -> String {
+    let mut report: Value = serde_json::from_str(&held(certs)).unwrap();
+    let names: serde_json::Map<String, Value> = names
+        .iter()
+        .map(|(sha, cn)| (sha.to_string(), json!(cn)))
+        .collect();
+    report["names"] = Value::Object(names);
+    report.to_string()
+}
+
+/// The fingerprint as the table prints it (`sha256:` and 12 digits, then `...`) is what
+/// `--for` takes, as is any prefix of 12 digits or more, of a certificate the sources make
+/// or only a report names (issue 39: `--for add=7cd38cef4711` was refused). One that names
+/// no certificate, or several, is refused (exit 2), the several listed.
+#[test]
+fn the_fingerprint_the_table_prints_is_what_wait_takes() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    let withdrawn = Signer::new("withdrawn-signer", Algorithm::P256);
+    let fc = sha256_hex(&withdrawn.der());
+    cluster.create_node("n1", Some(&held(&[&fa, &fb])));
+    cluster.create_node(
+        "n2",
+        Some(&held_named(&[&fa, &fc], &[(&fc, "withdrawn-signer")])),
+    );
+    // A report naming two fingerprints that share their first 12 digits.
+    let twins = [
+        format!("abcdefabcdef{}", "0".repeat(52)),
+        format!("abcdefabcdef{}", "1".repeat(52)),
+    ];
+    cluster.create_node("n3", Some(&held(&[&fa, &fb, &twins[0], &twins[1]])));
+    let admin = cluster.admin_kubeconfig();
+
+    let out = rollout(&admin, &["status"]);
+    let table = stdout(&out);
+    let printed = table
+        .lines()
+        .find(|l| l.starts_with("kube-csr-signer_@1700000002 ("))
+        .and_then(|l| l.split(['(', ')']).nth(1))
+        .unwrap_or_else(|| panic!("no fingerprint printed for the signer: {table}"))
+        .to_string();
+    assert_eq!(printed, format!("sha256:{}...", &fb[..12]), "{table}");
+
+    // Pasted into wait: n2 lacks it, so the wait times out naming it.
+    let name = format!("kube-csr-signer_@1700000002 (sha256:{}...)", &fb[..12]);
+    for given in [
+        printed.clone(),
+        fb[..12].to_string(),
+        fb[..20].to_uppercase(),
+    ] {
+        let out = rollout(
+            &admin,
+            &["wait", "--for", &format!("add={given}"), "--timeout", "1s"],
+        );
+        assert_eq!(out.status.code(), Some(1), "{given}: {}", stderr(&out));
+        assert!(
+            stdout(&out).contains(&format!("timed out after 1s: 2 of 3 nodes hold {name}")),
+            "{given}: {}",
+            stdout(&out)
+        );
+    }
+    // A certificate no source makes any more, named by n2's report alone.
+    let out = rollout(
+        &admin,
+        &[
+            "wait",
+            "--for",
+            &format!("remove=sha256:{}", &fc[..12]),
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "timed out after 1s: 2 of 3 nodes no longer hold withdrawn-signer (sha256:{}...)",
+            &fc[..12]
+        )),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("n2 ") && l.contains("still holds withdrawn-signer")),
+        "{text}"
+    );
+    // Once every node holds it, the pasted fingerprint's wait exits 0.
+    cluster.set_held("n2", Some(&held(&[&fa, &fb])));
+    let out = rollout(&admin, &["wait", "--for", &format!("add={printed}")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // A prefix nothing names: exit 2, saying so, before any wait.
+    let out = rollout(
+        &admin,
+        &["wait", "--for", "add=ffffffffffff", "--timeout", "30s"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(
+            "no certificate that the sources make or a node's report names has a fingerprint starting with sha256:ffffffffffff"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    // Two that start so: exit 2, both listed in full.
+    let out = rollout(&admin, &["wait", "--for", "remove=abcdef:abcdef"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("sha256:abcdefabcdef names 2 certificates, give more of its digits"),
+        "{said}"
+    );
+    for twin in &twins {
+        assert!(said.contains(&format!("sha256:{twin}")), "{said}");
+    }
+    // With one digit more, it names one.
+    let out = rollout(
+        &admin,
+        &["wait", "--for", "remove=abcdefabcdef1", "--timeout", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("2 of 3 nodes no longer hold sha256:abcdefabcdef..."),
+        "{}",
+        stdout(&out)
+    );
+    // Fewer than 12 digits is not a fingerprint.
+    let out = rollout(&admin, &["wait", "--for", &format!("add={}", &fb[..11])]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+}
+
+/// `rollout status` names a certificate a node still holds by its subject CN, as the node's
+/// report names it, when no source makes it any more (issue 39: a withdrawn CA was shown by
+/// its fingerprint alone), in the table and in the JSON.
+#[test]
+fn rollout_status_names_a_withdrawn_ca_a_node_still_holds() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    let withdrawn = Signer::new("kube-csr-signer_@1600000000", Algorithm::P256);
+    let fc = sha256_hex(&withdrawn.der());
+    cluster.create_node("current", Some(&held(&[&fa, &fb])));
+    cluster.create_node(
+        "lagging",
+        Some(&held_named(
+            &[&fa, &fc],
+            &[(&fc, "kube-csr-signer_@1600000000"), (&fa, "not-signer-a")],
+        )),
+    );
+    let admin = cluster.admin_kubeconfig();
+    let out = rollout(&admin, &["status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("lagging "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains(&format!(
+            "lacks kube-csr-signer_@1700000002 (sha256:{}...); still holds kube-csr-signer_@1600000000 (sha256:{}...)",
+            &fb[..12],
+            &fc[..12]
+        )),
+        "{text}"
+    );
+    let out = rollout(&admin, &["status", "-o", "json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let lagging = json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "lagging")
+        .unwrap()
+        .clone();
+    assert_eq!(lagging["stillHolds"][0]["sha256"], fc.as_str(), "{json}");
+    assert_eq!(
+        lagging["stillHolds"][0]["subjectCN"], "kube-csr-signer_@1600000000",
+        "{json}"
+    );
+    // What the sources name keeps their name, whatever a node says.
+    assert!(!text.contains("not-signer-a"), "{text}");
+}
+
+/// `rollout` takes its credentials as kubectl does (issue 39: `--context` was refused): a
+/// context chosen by `--context` from a kubeconfig whose current one points at a wrong
+/// server and user, `--cluster` and `--user` instead of the context's, and `$KUBECONFIG`
+/// naming several files merged as kubectl merges them (a missing one skipped, the first
+/// current-context that is set winning), also as the kubectl plugin.
+#[test]
+fn rollout_takes_its_credentials_as_kubectl_does() {
+    let Some(cluster) = Cluster::up() else {
+        return;
+    };
+    let (_a, _b, fa, fb) = signers(&cluster);
+    cluster.create_node("n1", Some(&held(&[&fa, &fb])));
+    let (crt, key) = cluster.client_cert("ops", &["system:masters"]);
+    let (stranger_crt, stranger_key) = cluster.client_cert("stranger", &[]);
+    let ca = cluster.ca_path();
+    let user = |name: &str, crt: &Path, key: &Path| {
+        format!(
+            "- name: {name}\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            crt.display(),
+            key.display()
+        )
+    };
+    let clusters = format!(
+        "clusters:\n- name: right\n  cluster:\n    server: {}\n    certificate-authority: {}\n- name: wrong\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority: {}\n",
+        cluster.url,
+        ca.display(),
+        ca.display()
+    );
+    let users = format!(
+        "users:\n{}{}",
+        user("ops", &crt, &key),
+        user("stranger", &stranger_crt, &stranger_key)
+    );
+    let contexts = "contexts:\n- name: right\n  context: {cluster: right, user: ops}\n- name: wrong\n  context: {cluster: wrong, user: stranger}\n";
+    let two = cluster.path("two-contexts.kubeconfig");
+    std::fs::write(
+        &two,
+        format!(
+            "apiVersion: v1\nkind: Config\n{clusters}{users}{contexts}current-context: wrong\n"
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str], kubeconfig_env: Option<&str>| {
+        let mut command = Command::new(agent_bin());
+        command
+            .arg("rollout")
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .env("HOME", cluster.path("no-home"));
+        if let Some(value) = kubeconfig_env {
+            command.env("KUBECONFIG", value);
+        }
+        command.output().unwrap()
+    };
+    let holds = |out: &std::process::Output| {
+        assert_eq!(out.status.code(), Some(0), "{}{}", stdout(out), stderr(out));
+        assert!(
+            stdout(out).starts_with("1 of 1 nodes hold "),
+            "{}",
+            stdout(out)
+        );
+    };
+    let path = two.to_str().unwrap();
+    // The current context reaches nothing: exit 2.
+    let out = run(&["status", "--kubeconfig", path], None);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    holds(&run(
+        &["status", "--kubeconfig", path, "--context", "right"],
+        None,
+    ));
+    holds(&run(
+        &[
+            "wait",
+            "--for",
+            "sources",
+            "--timeout",
+            "20s",
+            "--kubeconfig",
+            path,
+            "--context",
+            "right",
+        ],
+        None,
+    ));
+    // The wrong context's cluster and user, each replaced.
+    holds(&run(
+        &[
+            "status",
+            "--kubeconfig",
+            path,
+            "--cluster",
+            "right",
+            "--user",
+            "ops",
+        ],
+        None,
+    ));
+    // The right server with the wrong user: refused, as RBAC says (exit 2).
+    let out = run(
+        &["status", "--kubeconfig", path, "--cluster", "right"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stderr(&out).contains("stranger"), "{}", stderr(&out));
+    // A context that is not there: exit 2, naming it.
+    let out = run(&["status", "--kubeconfig", path, "--context", "nope"], None);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("--context \"nope\" is not among its contexts"),
+        "{}",
+        stderr(&out)
+    );
+
+    // $KUBECONFIG with several files: a missing one skipped; the first file sets only the
+    // current-context, and it wins over the second's.
+    let only_current = cluster.path("current.kubeconfig");
+    std::fs::write(
+        &only_current,
+        "apiVersion: v1\nkind: Config\ncurrent-context: right\n",
+    )
+    .unwrap();
+    let list = format!(
+        "{}:{}:{}",
+        cluster.path("missing.kubeconfig").display(),
+        only_current.display(),
+        two.display()
+    );
+    holds(&run(&["status"], Some(&list)));
+    holds(&run(
+        &["wait", "--for", &format!("add={}", &fb[..12])],
+        Some(&list),
+    ));
+    // In the other order, the second file's current-context is the first set: wrong.
+    let reversed = format!("{}:{}", two.display(), only_current.display());
+    let out = run(&["status"], Some(&reversed));
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    holds(&run(&["status", "--context", "right"], Some(&reversed)));
+
+    // As the kubectl plugin, with kubectl's flags.
+    let bin = tempfile::tempdir().unwrap();
+    let plugin = bin.path().join("kubectl-kubelet_ca");
+    std::os::unix::fs::symlink(agent_bin(), &plugin).unwrap();
+    let out = Command::new(&plugin)
+        .args([
+            "rollout",
+            "status",
+            "--context",
+            "right",
+            "--kubeconfig",
+            path,
+        ])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    holds(&out);
+    if Path::new("/usr/bin/kubectl").exists() {
+        let search = format!(
+            "{}:{}",
+            bin.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("/usr/bin/kubectl")
+            .args(["kubelet-ca", "rollout", "status", "--context", "right"])
+            .env("KUBECONFIG", &list)
+            .env("PATH", search)
+            .output()
+            .unwrap();
+        holds(&out);
+    }
+}
+
 /// `rollout wait` through a client certificate rotated under it (issue 38): its certificate
 /// expires while it waits, the API server restarts (every request after is refused as
 /// unauthorized, 401), and a new certificate is written in its place, with no file event to

@@ -10,7 +10,8 @@
 //!   `openshift-config-managed/kube-apiserver-client-ca`, `rollout wait --for add=` holding
 //!   while one node's agent is paused and exiting 0 once it catches up, then a client
 //!   certificate of the new signer verified by openssl against every node's bundle, then
-//!   the old signer withdrawn and `rollout wait --for remove=`;
+//!   the old signer withdrawn (a paused node named by `rollout status` as still holding it,
+//!   by its CN) and `rollout wait --for remove=` with the fingerprint kept in step 1;
 //! - a kubeadm serving-CA rotation: the new CA added to `kube-public/cluster-info`, `rollout
 //!   wait --for add= --target /…/kubelet.conf` holding while one node's kubelet restart
 //!   fails and exiting 0 once every kubeconfig holds it and its kubelet restarted, the API
@@ -79,6 +80,44 @@ fn b64(bytes: impl AsRef<[u8]>) -> String {
 /// The SHA-256 of a PEM certificate's DER: its fingerprint, as reports and `inspect` give it.
 fn fingerprint(pem: &str) -> String {
     sha256_hex(pem::parse(pem).expect("a PEM certificate").contents())
+}
+
+/// The docs' `kubelet-ca-agent inspect FILE --output json | jq -r '[.certificates[] |
+/// select(.subject_cn | startswith("kube-csr-signer_@"))] | max_by(.not_before) | .sha256'`:
+/// the fingerprint of the newest CSR signer in `pem`.
+fn newest_csr_signer(pem: &Path) -> String {
+    let out = Command::new(agent_bin())
+        .args(["inspect", path_str(pem), "--output", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    listed["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["subject_cn"]
+                .as_str()
+                .unwrap()
+                .starts_with("kube-csr-signer_@")
+        })
+        .max_by_key(|c| c["not_before"].as_str().unwrap().to_string())
+        .unwrap()["sha256"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The `oc get configmap ... -o jsonpath='{.data.ca-bundle\.crt}' > FILE` of the docs.
+fn signers_to(cluster: &Cluster, file: &Path) {
+    let (code, cm) = cluster.request(
+        "GET",
+        &format!("/api/v1/namespaces/{SIGNERS_NS}/configmaps/{SIGNERS}"),
+        None,
+    );
+    assert_eq!(code, 200, "{cm}");
+    write(file, cm["data"]["ca-bundle.crt"].as_str().unwrap());
 }
 
 fn write(path: &Path, content: impl AsRef<[u8]>) {
@@ -173,6 +212,27 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
         "{}",
         stdout(&out)
     );
+    // ... and the fingerprint of the signer that issues now, kept for the last step.
+    let signers_before = cluster.path("signers-before.pem");
+    signers_to(&cluster, &signers_before);
+    let old_signer_sha256 = cluster.path("old-signer.sha256");
+    write(&old_signer_sha256, newest_csr_signer(&signers_before));
+    assert_eq!(
+        fs::read_to_string(&old_signer_sha256).unwrap(),
+        fingerprint(&old.pem())
+    );
+    // Each node's report names what it holds.
+    let report: Value = serde_json::from_str(
+        &cluster
+            .node_annotation("worker-1", "kubelet-ca-agent/held")
+            .expect("worker-1's report"),
+    )
+    .unwrap();
+    assert_eq!(
+        report["names"][fingerprint(&old.pem())],
+        "kube-csr-signer_@1700000000",
+        "{report}"
+    );
 
     // A node whose agent does not follow (a paused pool, an agent stuck): worker-3's is
     // stopped before the rotation.
@@ -183,39 +243,16 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
     let published = format!("{}{}{}", other.pem(), old.pem(), new.pem());
     cluster.put_configmap(SIGNERS_NS, SIGNERS, &[("ca-bundle.crt", &published)]);
     let new_signer = cluster.path("new-signer.crt");
-    let old_signer = cluster.path("old-signer.crt");
     write(&new_signer, new.pem());
-    write(&old_signer, old.pem());
 
     // Its fingerprint, as the docs find it when the platform rotated it: the newest
-    // kube-csr-signer_@ of `inspect --output json` on the ConfigMap's bundle.
-    let (code, cm) = cluster.request(
-        "GET",
-        &format!("/api/v1/namespaces/{SIGNERS_NS}/configmaps/{SIGNERS}"),
-        None,
-    );
-    assert_eq!(code, 200, "{cm}");
+    // kube-csr-signer_@ of `inspect --output json` on the ConfigMap's bundle, kept in
+    // new-signer.sha256.
     let signers_pem = cluster.path("signers.pem");
-    write(&signers_pem, cm["data"]["ca-bundle.crt"].as_str().unwrap());
-    let out = Command::new(agent_bin())
-        .args(["inspect", path_str(&signers_pem), "--output", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let newest = listed["certificates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| {
-            c["subject_cn"]
-                .as_str()
-                .unwrap()
-                .starts_with("kube-csr-signer_@")
-        })
-        .max_by_key(|c| c["not_before"].as_str().unwrap().to_string())
-        .unwrap();
-    let new_sha = newest["sha256"].as_str().unwrap().to_string();
+    signers_to(&cluster, &signers_pem);
+    let new_signer_sha256 = cluster.path("new-signer.sha256");
+    write(&new_signer_sha256, newest_csr_signer(&signers_pem));
+    let new_sha = fs::read_to_string(&new_signer_sha256).unwrap();
     assert_eq!(new_sha, fingerprint(&new.pem()));
 
     // The nodes that follow hold it within a second or so; the paused one does not.
@@ -232,10 +269,18 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
     assert!(openssl_verifies(&nodes[0].1.bundle(), &client));
     assert!(!openssl_verifies(&node3.bundle(), &client));
 
-    // 2. The gate holds: `rollout wait --for add=` times out (exit 1) naming worker-3.
+    // 2. The gate holds: `rollout wait --for add=` times out (exit 1) naming worker-3; with
+    // the fingerprint as `rollout status` prints it.
+    let out = rollout(&admin, &["status"]);
+    let printed = format!("sha256:{}...", &new_sha[..12]);
+    assert!(
+        stdout(&out).contains(&format!("kube-csr-signer_@1701728000 ({printed})")),
+        "{}",
+        stdout(&out)
+    );
     let (code, text) = wait(
         &admin,
-        &["--for", &format!("add={new_sha}"), "--timeout", "5s"],
+        &["--for", &format!("add={printed}"), "--timeout", "5s"],
         30 * SECOND,
     );
     eprintln!("the gate, worker-3's agent paused:\n{text}");
@@ -263,16 +308,12 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
     assert!(stdout(&out).starts_with("2 of 3 nodes hold what the sources make"));
     assert!(stdout(&out).lines().any(|l| l.starts_with("worker-3 ")));
 
-    // The wait as the docs give it: it holds while worker-3 lags, and exits 0 the moment
-    // worker-3's agent is back and has written its bundle and its report.
+    // The wait as the docs give it (`--for add="$(cat new-signer.sha256)"`): it holds while
+    // worker-3 lags, and exits 0 the moment worker-3's agent is back and has written its
+    // bundle and its report.
     let mut gate = RolloutWait::start(
         &admin,
-        &[
-            "--for",
-            &format!("add=file:{}", new_signer.display()),
-            "--timeout",
-            "60s",
-        ],
+        &["--for", &format!("add={new_sha}"), "--timeout", "60s"],
     );
     std::thread::sleep(2 * SECOND);
     assert!(gate.running(), "the gate opened with worker-3 behind");
@@ -296,21 +337,59 @@ fn an_openshift_signer_rotation_lets_the_new_signer_issue_only_once_every_node_h
         );
     }
 
-    // 4. Later, the old signer is withdrawn, and the removal is waited for in turn.
-    let (old_client, _) =
-        old.issue_client("system:serviceaccount:openshift-monitoring:prometheus-k8s");
-    let withdrawn = format!("{}{}", other.pem(), new.pem());
-    cluster.put_configmap(SIGNERS_NS, SIGNERS, &[("ca-bundle.crt", &withdrawn)]);
+    // The wait by file, as the docs offer it when the signer's certificate is at hand.
     let (code, text) = wait(
         &admin,
         &[
             "--for",
-            &format!("remove=file:{}", old_signer.display()),
+            &format!("add=file:{}", new_signer.display()),
             "--timeout",
-            "60s",
+            "10s",
         ],
-        70 * SECOND,
+        20 * SECOND,
     );
+    assert_eq!(code, Some(0), "{text}");
+
+    // 4. Later, the old signer is withdrawn, and the removal is waited for in turn, by the
+    // fingerprint kept in step 1. worker-3's agent is paused again: `rollout status` names
+    // the withdrawn signer it still holds by its CN, which only its own report gives now.
+    let (old_client, _) =
+        old.issue_client("system:serviceaccount:openshift-monitoring:prometheus-k8s");
+    signal(agent3, nix::sys::signal::Signal::SIGSTOP);
+    let withdrawn = format!("{}{}", other.pem(), new.pem());
+    cluster.put_configmap(SIGNERS_NS, SIGNERS, &[("ca-bundle.crt", &withdrawn)]);
+    let old_sha = fs::read_to_string(&old_signer_sha256).unwrap();
+    assert!(
+        eventually(10 * SECOND, || {
+            let out = rollout(&admin, &["status"]);
+            stdout(&out).starts_with("2 of 3 nodes hold what the sources make")
+        }),
+        "worker-1 and worker-2 did not drop the old signer"
+    );
+    let out = rollout(&admin, &["status"]);
+    let table = stdout(&out);
+    let laggard = table
+        .lines()
+        .find(|l| l.starts_with("worker-3 "))
+        .unwrap_or_else(|| panic!("worker-3 is not named: {table}"));
+    assert!(
+        laggard.contains(&format!(
+            "still holds kube-csr-signer_@1700000000 (sha256:{}...)",
+            &old_sha[..12]
+        )),
+        "{table}"
+    );
+    let mut gate = RolloutWait::start(
+        &admin,
+        &["--for", &format!("remove={old_sha}"), "--timeout", "60s"],
+    );
+    std::thread::sleep(2 * SECOND);
+    assert!(
+        gate.running(),
+        "the removal's gate opened with worker-3 behind"
+    );
+    signal(agent3, nix::sys::signal::Signal::SIGCONT);
+    let (code, text) = gate.exit(30 * SECOND);
     assert_eq!(code, Some(0), "{text}");
     assert!(
         text.lines()

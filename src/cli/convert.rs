@@ -179,6 +179,11 @@ impl RolloutArgs {
             target: empty(&self.target),
             selector: empty(&self.selector),
             kubeconfig: self.kubeconfig.clone(),
+            pick: crate::credentials::Pick {
+                context: empty(&self.context),
+                cluster: empty(&self.cluster),
+                user: empty(&self.user),
+            },
             drop_expired: self.drop_expired,
             json,
             wait,

@@ -18,59 +18,110 @@ use crate::commands::print_out;
 use crate::config::{Fingerprints, Rollout, RolloutWait, WaitFor};
 use crate::credentials::{Credentials, Origin};
 use crate::error::{Exit, UsageError};
-use crate::fleet::held::Sha;
 use crate::fleet::nodes::{self, Fleet};
+use crate::fleet::prefix::{self, Named};
 use crate::fleet::show;
-use crate::fleet::verdict::{Ca, Condition, Question, Ready, State, Target, verdict};
+use crate::fleet::verdict::{Ca, Condition, Question, Ready, Report, State, Target, verdict};
 use crate::source::{SourceSpec, cluster, local};
 
 pub fn run(config: Rollout) -> anyhow::Result<Exit> {
-    let origin = Origin::resolve(config.kubeconfig.as_deref()).map_err(UsageError)?;
+    let origin = Origin::resolve_kubectl(config.kubeconfig.as_deref(), config.pick.clone())
+        .map_err(UsageError)?;
     // Certificates named by file: are read first: a file that cannot be read is a usage
     // error, before any request.
-    let (condition, known) = condition(config.wait.as_ref())?;
+    let (asked, known) = asked(config.wait.as_ref())?;
     crate::runtime::build()?.block_on(async move {
         let (client, server) = crate::credentials::one_shot_client(&origin)
             .map_err(|e| UsageError(format!("{e:#}")))?;
         let sources = match what_the_sources_make(&client, &server, &config).await {
             Ok(sources) => sources,
-            Err(problem) if condition == Condition::Sources => {
+            Err(problem) if matches!(asked, Asked::Sources) => {
                 return Err(UsageError(problem).into());
             }
             Err(problem) => {
-                // add= and remove= need the sources only to name the certificates.
+                // add= and remove= need the sources only to name the certificates (and
+                // to resolve a prefix among them and what the reports name).
                 tracing::warn!("{problem}; the certificates are named by their fingerprints alone");
                 Vec::new()
             }
         };
-        let question = Question {
+        let unsettled = Unsettled {
+            asked,
             sources,
             known,
-            condition,
             target: match &config.target {
                 None => Target::Bundle,
                 Some(path) => Target::Path(path.clone()),
             },
         };
         match &config.wait {
-            None => status(&client, &server, &config, &question).await,
-            Some(wait) => wait_for(origin, &config, wait, &question).await,
+            None => status(&client, &server, &config, &unsettled).await,
+            Some(wait) => wait_for(origin, &config, wait, &unsettled).await,
         }
     })
 }
 
+/// `--for` as given: `sources` (and `status`), or the certificates to add or remove, some
+/// perhaps by their first digits.
+enum Asked {
+    Sources,
+    Add(Vec<Named>),
+    Remove(Vec<Named>),
+}
+
+/// The question before its prefixes are resolved: they are, once the Nodes are listed,
+/// among what the sources make, the `file:` certificates and what the reports name.
+struct Unsettled {
+    asked: Asked,
+    sources: Vec<Ca>,
+    known: Vec<Ca>,
+    target: Target,
+}
+
+impl Unsettled {
+    /// The question, every prefix resolved among the certificates that `fleet`'s reports
+    /// name and the named ones; one that names no single certificate is a usage error.
+    fn settle(&self, fleet: &Fleet) -> Result<Question, UsageError> {
+        let named: Vec<Ca> = self.sources.iter().chain(&self.known).cloned().collect();
+        let reports = fleet.nodes.values().filter_map(|node| match &*node.report {
+            Report::Read(Ok(held)) => Some(held),
+            _ => None,
+        });
+        let candidates = prefix::candidates(&named, reports);
+        let mut known = self.known.clone();
+        let mut resolve = |list: &[Named]| {
+            let (shas, found) = prefix::resolve_all(list, &candidates)
+                .map_err(|e| UsageError(format!("--for: {e}")))?;
+            known.extend(found);
+            Ok::<_, UsageError>(shas)
+        };
+        let condition = match &self.asked {
+            Asked::Sources => Condition::Sources,
+            Asked::Add(list) => Condition::Add(resolve(list)?),
+            Asked::Remove(list) => Condition::Remove(resolve(list)?),
+        };
+        Ok(Question {
+            sources: self.sources.clone(),
+            known,
+            condition,
+            target: self.target.clone(),
+        })
+    }
+}
+
 /// The condition asked (`sources` for `status`), and the certificates of the `file:`
 /// fingerprints, by name.
-fn condition(wait: Option<&RolloutWait>) -> Result<(Condition, Vec<Ca>), UsageError> {
+fn asked(wait: Option<&RolloutWait>) -> Result<(Asked, Vec<Ca>), UsageError> {
     let Some(wait) = wait else {
-        return Ok((Condition::Sources, Vec::new()));
+        return Ok((Asked::Sources, Vec::new()));
     };
     let mut known = Vec::new();
-    let mut shas = |fingerprints: &[Fingerprints]| -> Result<Vec<Sha>, UsageError> {
-        let mut shas: Vec<Sha> = Vec::new();
+    let mut named = |fingerprints: &[Fingerprints]| -> Result<Vec<Named>, UsageError> {
+        let mut named = Vec::new();
         for fingerprint in fingerprints {
             match fingerprint {
-                Fingerprints::Sha(sha) => shas.push(sha.clone()),
+                Fingerprints::Sha(sha) => named.push(Named::Sha(sha.clone())),
+                Fingerprints::Prefix(prefix) => named.push(Named::Prefix(prefix.clone())),
                 Fingerprints::File(path) => {
                     let spec = SourceSpec::File(path.clone());
                     let read = local::load(&spec).map_err(|e| {
@@ -82,26 +133,20 @@ fn condition(wait: Option<&RolloutWait>) -> Result<(Condition, Vec<Ca>), UsageEr
                         .chain(read.not_ca.iter().map(|s| &s.certificate));
                     for certificate in all {
                         let ca = Ca::of(certificate);
-                        shas.push(ca.sha256.clone());
+                        named.push(Named::Sha(ca.sha256.clone()));
                         known.push(ca);
                     }
                 }
             }
         }
-        let mut unique = Vec::with_capacity(shas.len());
-        for sha in shas {
-            if !unique.contains(&sha) {
-                unique.push(sha);
-            }
-        }
-        Ok(unique)
+        Ok(named)
     };
-    let condition = match &wait.condition {
-        WaitFor::Sources => Condition::Sources,
-        WaitFor::Add(fingerprints) => Condition::Add(shas(fingerprints)?),
-        WaitFor::Remove(fingerprints) => Condition::Remove(shas(fingerprints)?),
+    let asked = match &wait.condition {
+        WaitFor::Sources => Asked::Sources,
+        WaitFor::Add(fingerprints) => Asked::Add(named(fingerprints)?),
+        WaitFor::Remove(fingerprints) => Asked::Remove(named(fingerprints)?),
     };
-    Ok((condition, known))
+    Ok((asked, known))
 }
 
 /// The certificates of the bundle the sources make, as the node agent builds it (one list
@@ -138,20 +183,21 @@ async fn status(
     client: &kube::Client,
     server: &str,
     config: &Rollout,
-    question: &Question,
+    unsettled: &Unsettled,
 ) -> anyhow::Result<Exit> {
     let selector = config.selector.as_deref();
     let (fleet, _) = nodes::list(client, server, selector)
         .await
         .map_err(|why| UsageError(format!("cannot read the Nodes: {}", why.text)))?;
+    let question = unsettled.settle(&fleet)?;
     let ready = readiness(client, server, selector).await;
-    let verdict = verdict(question, fleet.for_verdict(ready.as_ref()));
+    let verdict = verdict(&question, fleet.for_verdict(ready.as_ref()));
     if config.json {
-        let mut text = serde_json::to_string_pretty(&show::json(question, &verdict))?;
+        let mut text = serde_json::to_string_pretty(&show::json(&question, &verdict))?;
         text.push('\n');
         print_out(&text)?;
     } else {
-        print_out(&show::table(question, &verdict))?;
+        print_out(&show::table(&question, &verdict))?;
     }
     Ok(if verdict.done() {
         Exit::Success
@@ -185,7 +231,7 @@ async fn wait_for(
     origin: Origin,
     config: &Rollout,
     wait: &RolloutWait,
-    question: &Question,
+    unsettled: &Unsettled,
 ) -> anyhow::Result<Exit> {
     let credentials = Credentials::follow(origin);
     let (tx, mut fleet) = watch::channel(Arc::new(Fleet::default()));
@@ -196,7 +242,7 @@ async fn wait_for(
         config.selector.clone(),
         tx,
     ));
-    let answer = wait_on(&credentials, &mut fleet, config, wait, question).await;
+    let answer = wait_on(&credentials, &mut fleet, config, wait, unsettled).await;
     follower.abort();
     let _ = follower.await;
     answer
@@ -208,13 +254,19 @@ async fn wait_on(
     fleet: &mut watch::Receiver<Arc<Fleet>>,
     config: &Rollout,
     wait: &RolloutWait,
-    question: &Question,
+    unsettled: &Unsettled,
 ) -> anyhow::Result<Exit> {
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut last: Option<(usize, usize)> = None;
+    // Settled on the first list of the Nodes: a prefix may name what only a report names.
+    let mut question: Option<Question> = None;
     loop {
         let now = fleet.borrow_and_update().clone();
         if now.listed {
+            let question = match &mut question {
+                Some(question) => question,
+                None => question.insert(unsettled.settle(&now)?),
+            };
             let verdict = verdict(question, now.for_verdict(None));
             let count = (verdict.count(State::Current), verdict.counted());
             if last != Some(count) {
@@ -251,6 +303,10 @@ async fn wait_on(
             .map_or("no answer yet".to_string(), |t| t.text.clone());
         return Err(UsageError(format!("cannot read the Nodes within {after}: {why}")).into());
     }
+    let question = match question {
+        Some(question) => question,
+        None => unsettled.settle(&now)?,
+    };
     // The laggards, as `status` shows them, with their readiness when it can be read.
     let ready = match credentials.client() {
         Ok(client) => {
@@ -259,10 +315,10 @@ async fn wait_on(
         }
         Err(_) => None,
     };
-    let verdict = verdict(question, now.for_verdict(ready.as_ref()));
+    let verdict = verdict(&question, now.for_verdict(ready.as_ref()));
     print_out(&format!(
         "timed out after {after}: {}\n{}",
-        show::count_line(question, &verdict),
+        show::count_line(&question, &verdict),
         show::laggards(&verdict)
     ))?;
     Ok(Exit::Failure)

@@ -583,6 +583,7 @@ fn what_start_up_reads_for_the_plan_comes_from_the_configuration_and_the_disk() 
     let origin = crate::credentials::Origin::Kubeconfig {
         paths: vec![kubeconfig.clone()],
         chosen_by: "a test",
+        pick: Default::default(),
     };
     let gathered = Facts::gather(&run(common), &[&origin]);
     assert!(gathered.cluster, "credentials: it talks to the cluster");

@@ -36,10 +36,29 @@ pub enum Origin {
         paths: Vec<PathBuf>,
         /// How the paths were chosen, for messages: `--kubeconfig`, `$KUBECONFIG`, ...
         chosen_by: &'static str,
+        /// Which of their contexts, clusters and users are used.
+        pick: Pick,
     },
     /// The pod's service account: the API server from the environment, the token and CA
     /// from [`SERVICE_ACCOUNT_DIR`].
     InCluster { server: String, dir: PathBuf },
+}
+
+/// Which context, cluster and user of the kubeconfig the credentials are made of, as
+/// kubectl's `--context`, `--cluster` and `--user` pick them: the named context (default:
+/// the current context), and in it the named cluster and user instead of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pick {
+    pub context: Option<String>,
+    pub cluster: Option<String>,
+    pub user: Option<String>,
+}
+
+impl Pick {
+    /// Nothing picked: the current context, as it is.
+    pub fn is_empty(&self) -> bool {
+        self.context.is_none() && self.cluster.is_none() && self.user.is_none()
+    }
 }
 
 /// Where the kubelet keeps its own kubeconfig, by distribution, with the bootstrap
@@ -105,67 +124,95 @@ impl Origin {
     /// exist yet is still the origin: on a new node the kubelet writes its kubeconfig after
     /// the agent has started, and its bootstrap kubeconfig says which one it will be.
     pub fn resolve(explicit: Option<&Path>) -> Result<Origin, String> {
-        Origin::resolve_in(explicit, |name| std::env::var_os(name), Found::probe)
+        Origin::resolve_in(explicit, None, |name| std::env::var_os(name), Found::probe)
     }
 
-    /// [`Origin::resolve`] with the environment variables as `env` gives them and the
-    /// files as `probe` finds them.
+    /// As kubectl finds its credentials (`rollout`, also as the kubectl plugin):
+    /// `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config` when it exists, else
+    /// in-cluster config (not when `pick` names a context, cluster or user: only a
+    /// kubeconfig has them), else the kubelet's own kubeconfig as [`Origin::resolve`] finds
+    /// it; of the kubeconfig, what `pick` picks.
+    pub fn resolve_kubectl(explicit: Option<&Path>, pick: Pick) -> Result<Origin, String> {
+        Origin::resolve_in(
+            explicit,
+            Some(pick),
+            |name| std::env::var_os(name),
+            Found::probe,
+        )
+    }
+
+    /// [`Origin::resolve`] (`kubectl`: `None`) or [`Origin::resolve_kubectl`], with the
+    /// environment variables as `env` gives them and the files as `probe` finds them.
     fn resolve_in(
         explicit: Option<&Path>,
+        kubectl: Option<Pick>,
         env: impl Fn(&str) -> Option<std::ffi::OsString>,
         probe: impl Fn(&Path) -> Found,
     ) -> Result<Origin, String> {
+        let pick = kubectl.clone().unwrap_or_default();
+        let kubeconfig = |paths: Vec<PathBuf>, chosen_by: &'static str| Origin::Kubeconfig {
+            paths,
+            chosen_by,
+            pick: pick.clone(),
+        };
         if let Some(path) = explicit {
-            return Ok(Origin::Kubeconfig {
-                paths: vec![absolute(path)],
-                chosen_by: "--kubeconfig",
-            });
+            return Ok(kubeconfig(vec![absolute(path)], "--kubeconfig"));
         }
         let text = |name| {
             env(name)
                 .and_then(|v| v.into_string().ok())
                 .filter(|v| !v.is_empty())
         };
-        if let (Some(host), Some(port)) = (
+        let in_cluster = || match (
             text("KUBERNETES_SERVICE_HOST"),
             text("KUBERNETES_SERVICE_PORT"),
         ) {
-            let host = if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host
-            };
-            return Ok(Origin::InCluster {
-                server: format!("https://{host}:{port}"),
-                dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
-            });
+            (Some(host), Some(port)) => {
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host
+                };
+                Some(Origin::InCluster {
+                    server: format!("https://{host}:{port}"),
+                    dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+                })
+            }
+            _ => None,
+        };
+        // The agent on a node prefers its pod's identity; kubectl, the user's kubeconfig.
+        if kubectl.is_none()
+            && let Some(origin) = in_cluster()
+        {
+            return Ok(origin);
         }
         if let Some(value) = env("KUBECONFIG") {
-            let paths: Vec<PathBuf> = std::env::split_paths(&value)
-                .filter(|p| !p.as_os_str().is_empty())
-                .map(|p| absolute(&p))
-                .collect();
+            let mut paths: Vec<PathBuf> = Vec::new();
+            // Each once, as kubectl reads them.
+            for path in std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty()) {
+                let path = absolute(&path);
+                if !paths.contains(&path) {
+                    paths.push(path);
+                }
+            }
             if !paths.is_empty() {
-                return Ok(Origin::Kubeconfig {
-                    paths,
-                    chosen_by: "$KUBECONFIG",
-                });
+                return Ok(kubeconfig(paths, "$KUBECONFIG"));
             }
         }
         let home = env("HOME")
             .filter(|h| !h.is_empty())
             .map(|home| PathBuf::from(home).join(".kube").join("config"));
-        let kubelet = |path: &'static str, chosen_by| Origin::Kubeconfig {
-            paths: vec![PathBuf::from(path)],
-            chosen_by,
-        };
+        let kubelet =
+            |path: &'static str, chosen_by| kubeconfig(vec![PathBuf::from(path)], chosen_by);
         if let Some(home) = &home
             && probe(home) != Found::Missing
         {
-            return Ok(Origin::Kubeconfig {
-                paths: vec![home.clone()],
-                chosen_by: "the default ~/.kube/config",
-            });
+            return Ok(kubeconfig(vec![home.clone()], "the default ~/.kube/config"));
+        }
+        if kubectl.as_ref().is_some_and(Pick::is_empty)
+            && let Some(origin) = in_cluster()
+        {
+            return Ok(origin);
         }
         if let Some(found) = KUBELET_KUBECONFIGS
             .iter()
@@ -182,10 +229,7 @@ impl Origin {
             return Ok(kubelet(coming.path, coming.chosen_by));
         }
         match home {
-            Some(home) => Ok(Origin::Kubeconfig {
-                paths: vec![home],
-                chosen_by: "the default ~/.kube/config",
-            }),
+            Some(home) => Ok(kubeconfig(vec![home], "the default ~/.kube/config")),
             None => Err(format!(
                 "no --kubeconfig, no in-cluster service account, no $KUBECONFIG, no $HOME and no kubelet kubeconfig at {}: pass --kubeconfig",
                 KUBELET_KUBECONFIGS.map(|k| k.path).join(" or ")
@@ -201,10 +245,24 @@ impl Origin {
     /// What the origin is, for messages.
     pub fn describe(&self) -> String {
         match self {
-            Origin::Kubeconfig { paths, chosen_by } => format!(
-                "kubeconfig {} ({chosen_by})",
-                join_paths(paths.iter().map(PathBuf::as_path))
-            ),
+            Origin::Kubeconfig {
+                paths,
+                chosen_by,
+                pick,
+            } => {
+                let picked = [
+                    ("context", &pick.context),
+                    ("cluster", &pick.cluster),
+                    ("user", &pick.user),
+                ]
+                .iter()
+                .filter_map(|(what, name)| name.as_ref().map(|n| format!(", {what} {n:?}")))
+                .collect::<String>();
+                format!(
+                    "kubeconfig {} ({chosen_by}){picked}",
+                    join_paths(paths.iter().map(PathBuf::as_path))
+                )
+            }
             Origin::InCluster { dir, .. } => {
                 format!("the pod's service account in {}", dir.display())
             }
@@ -309,7 +367,11 @@ pub struct Attempt {
 pub fn load(origin: &Origin) -> Attempt {
     let mut reader = Reader::default();
     let result = match origin {
-        Origin::Kubeconfig { paths, chosen_by } => reader.kubeconfig(paths, chosen_by),
+        Origin::Kubeconfig {
+            paths,
+            chosen_by,
+            pick,
+        } => reader.kubeconfig(paths, chosen_by, pick),
         Origin::InCluster { server, dir } => reader.in_cluster(server, dir),
     };
     Attempt {
@@ -370,10 +432,22 @@ impl Reader {
         &mut self,
         paths: &[PathBuf],
         chosen_by: &str,
+        pick: &Pick,
     ) -> Result<Loaded, CredentialError> {
         let mut merged: Option<Kubeconfig> = None;
+        let mut missing: Option<CredentialError> = None;
         for path in paths {
-            let bytes = self.read(path, "kubeconfig").map_err(|e| {
+            let read = self.read(path, "kubeconfig");
+            // kubectl skips a file of $KUBECONFIG's list that does not exist (still watched:
+            // it is read when it comes); with none there, the first is said missing.
+            if paths.len() > 1
+                && let Err(e) = &read
+                && e.problem.ends_with("does not exist")
+            {
+                missing.get_or_insert(e.clone());
+                continue;
+            }
+            let bytes = read.map_err(|e| {
                 let hint = if e.problem.ends_with("does not exist") {
                     missing_hint(
                         path,
@@ -397,6 +471,10 @@ impl Reader {
                 ))
             })?;
             relative_to(&mut config, path);
+            // An empty current-context sets nothing: a later file's may (kubectl's merge).
+            if config.current_context.as_deref() == Some("") {
+                config.current_context = None;
+            }
             merged = Some(match merged {
                 None => config,
                 Some(m) => m.merge(config).or_else(|e| {
@@ -407,9 +485,13 @@ impl Reader {
                 })?,
             });
         }
-        let mut config = merged.unwrap_or_default();
+        let mut config = match (merged, missing) {
+            (Some(merged), _) => merged,
+            (None, Some(missing)) => return Err(missing),
+            (None, None) => Kubeconfig::default(),
+        };
         let source = join_paths(paths.iter().map(PathBuf::as_path));
-        let (cluster_name, user_name) = current(&config, &source)?;
+        let (cluster_name, user_name) = current(&config, &source, pick)?;
         let mut held = Vec::new();
 
         let cluster = config
@@ -520,7 +602,26 @@ impl Reader {
             self.note(b"token", token.expose_secret().as_bytes());
         }
 
-        // No context named: kube-rs takes the current one, as `current` did above.
+        // kube-rs takes the current context: the one made of what `current` picked above.
+        let namespace = pick
+            .context
+            .as_ref()
+            .or(config.current_context.as_ref())
+            .and_then(|name| config.contexts.iter().find(|c| c.name == *name))
+            .and_then(|c| c.context.as_ref())
+            .and_then(|c| c.namespace.clone());
+        let picked = "kubelet-ca-agent:picked".to_string();
+        config.contexts = vec![kube::config::NamedContext {
+            name: picked.clone(),
+            context: Some(kube::config::Context {
+                cluster: cluster_name,
+                user: Some(user_name),
+                namespace,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }];
+        config.current_context = Some(picked);
         let options = KubeConfigOptions::default();
         let config =
             futures::executor::block_on(kube::Config::from_custom_kubeconfig(config, &options))
@@ -588,25 +689,49 @@ impl Reader {
     }
 }
 
-/// The cluster and user of the current context.
-fn current(config: &Kubeconfig, source: &str) -> Result<(String, String), CredentialError> {
-    let Some(name) = config.current_context.as_deref().filter(|c| !c.is_empty()) else {
-        return fail(format!("kubeconfig {source} has no current-context"));
+/// The cluster and user the credentials are made of, as kubectl picks them: those of
+/// `--context` (else of the current context), `--cluster` and `--user` instead when given.
+fn current(
+    config: &Kubeconfig,
+    source: &str,
+    pick: &Pick,
+) -> Result<(String, String), CredentialError> {
+    // (An empty current-context was made none as the files were merged.)
+    let named = match (&pick.context, config.current_context.as_deref()) {
+        (Some(name), _) => Some((name.as_str(), "--context")),
+        (None, Some(name)) => Some((name, "current-context")),
+        (None, None) => None,
     };
-    let context = config
-        .contexts
-        .iter()
-        .find(|c| c.name == name)
-        .and_then(|c| c.context.as_ref())
-        .ok_or_else(|| CredentialError {
-            problem: format!(
-                "kubeconfig {source}: current-context {name:?} is not among its contexts"
-            ),
-        })?;
-    Ok((
-        context.cluster.clone(),
-        context.user.clone().unwrap_or_default(),
-    ))
+    let context = match named {
+        Some((name, by)) => Some(
+            config
+                .contexts
+                .iter()
+                .find(|c| c.name == name)
+                .and_then(|c| c.context.as_ref())
+                .ok_or_else(|| CredentialError {
+                    problem: format!(
+                        "kubeconfig {source}: {by} {name:?} is not among its contexts"
+                    ),
+                })?,
+        ),
+        // kubectl goes on without a context when --cluster names the cluster.
+        None if pick.cluster.is_some() => None,
+        None => {
+            return fail(format!("kubeconfig {source} has no current-context"));
+        }
+    };
+    let cluster = pick
+        .cluster
+        .clone()
+        .or_else(|| context.map(|c| c.cluster.clone()))
+        .unwrap_or_default();
+    let user = pick
+        .user
+        .clone()
+        .or_else(|| context.and_then(|c| c.user.clone()))
+        .unwrap_or_default();
+    Ok((cluster, user))
 }
 
 /// Paths in a kubeconfig are relative to the file, as kubectl reads them.
@@ -830,6 +955,7 @@ mod tests {
         load(&Origin::Kubeconfig {
             paths: vec![path.to_path_buf()],
             chosen_by,
+            pick: Pick::default(),
         })
     }
 
@@ -878,6 +1004,7 @@ mod tests {
                 .collect();
             Origin::resolve_in(
                 None,
+                None,
                 move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.into()),
                 |_| Found::Missing,
             )
@@ -905,6 +1032,7 @@ mod tests {
             Origin::Kubeconfig {
                 paths: vec![PathBuf::from("/a"), PathBuf::from("/b")],
                 chosen_by: "$KUBECONFIG",
+                pick: Pick::default(),
             }
         );
         assert_eq!(origin.describe(), "kubeconfig /a:/b ($KUBECONFIG)");
@@ -914,6 +1042,7 @@ mod tests {
             Ok(Origin::Kubeconfig {
                 paths: vec![PathBuf::from("/root/.kube/config")],
                 chosen_by: "the default ~/.kube/config",
+                pick: Pick::default(),
             })
         );
         let none = resolve(&[("HOME", "")]).unwrap_err();
@@ -1122,6 +1251,24 @@ mod tests {
         assert_eq!(insecure.client_certificate_origin, None);
         let roots = load_with("", "    token: abc\n");
         assert_eq!(roots.ca_origin, "the system's trusted roots");
+        // A client certificate and key in files beside the kubeconfig.
+        std::fs::write(dir.join("client.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.join("client.key"), key.serialize_pem()).unwrap();
+        let files = load_with(
+            "",
+            &format!(
+                "    client-certificate: {}\n    client-key: {}\n",
+                dir.join("client.crt").display(),
+                dir.join("client.key").display()
+            ),
+        );
+        assert_eq!(
+            files.client_certificate_origin,
+            Some(format!(
+                "client-certificate {}",
+                dir.join("client.crt").display()
+            ))
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1144,6 +1291,7 @@ mod tests {
         let loaded = load(&Origin::Kubeconfig {
             paths: vec![path.clone()],
             chosen_by: "--kubeconfig",
+            pick: Pick::default(),
         })
         .result
         .unwrap();
@@ -1152,6 +1300,8 @@ mod tests {
             loaded.ca_origin,
             format!("certificate-authority {}", ca_file.display())
         );
+        let token = loaded.config.auth_info.token.as_ref().unwrap();
+        assert_eq!(token.expose_secret(), "a-token");
 
         let in_cluster = |namespace: Option<&str>| {
             let sa = dir.join("sa");
@@ -1174,6 +1324,276 @@ mod tests {
         assert_eq!(in_cluster(Some("kubelet-ca-agent\n")), "kubelet-ca-agent");
         assert_eq!(in_cluster(None), "default");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A kubeconfig of clusters `(name, port)`, token users `(name, token)`, contexts
+    /// `(name, cluster, user)` and a current-context.
+    fn kubeconfig_text(
+        clusters: &[(&str, u16)],
+        users: &[(&str, &str)],
+        contexts: &[(&str, &str, &str)],
+        current: &str,
+    ) -> String {
+        let mut text = "apiVersion: v1\nkind: Config\nclusters:\n".to_string();
+        for (name, port) in clusters {
+            text.push_str(&format!(
+                "- name: {name}\n  cluster:\n    server: https://127.0.0.1:{port}\n"
+            ));
+        }
+        text.push_str("users:\n");
+        for (name, token) in users {
+            text.push_str(&format!("- name: {name}\n  user:\n    token: {token}\n"));
+        }
+        text.push_str("contexts:\n");
+        for (name, cluster, user) in contexts {
+            text.push_str(&format!(
+                "- name: {name}\n  context:\n    cluster: {cluster}\n    user: {user}\n"
+            ));
+        }
+        text.push_str(&format!("current-context: \"{current}\"\n"));
+        text
+    }
+
+    /// The server and the token of the credentials `paths` and `pick` make, or why none.
+    fn picked(paths: &[&Path], pick: Pick) -> Result<(String, String), String> {
+        let loaded = load(&Origin::Kubeconfig {
+            paths: paths.iter().map(|p| p.to_path_buf()).collect(),
+            chosen_by: "$KUBECONFIG",
+            pick,
+        })
+        .result
+        .map_err(|e| e.problem)?;
+        let token = loaded
+            .config
+            .auth_info
+            .token
+            .as_ref()
+            .map(|t| t.expose_secret().to_string())
+            .unwrap_or_default();
+        Ok((loaded.server, token))
+    }
+
+    #[test]
+    fn a_context_cluster_and_user_are_picked_as_kubectl_picks_them() {
+        let dir = std::env::temp_dir().join(format!("load-pick-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config");
+        std::fs::write(
+            &path,
+            kubeconfig_text(
+                &[("prod", 1), ("staging", 2)],
+                &[("admin", "t-admin"), ("viewer", "t-viewer")],
+                &[("prod", "prod", "admin"), ("staging", "staging", "viewer")],
+                "staging",
+            ),
+        )
+        .unwrap();
+        let pick = |context: Option<&str>, cluster: Option<&str>, user: Option<&str>| Pick {
+            context: context.map(Into::into),
+            cluster: cluster.map(Into::into),
+            user: user.map(Into::into),
+        };
+        let at = |port: u16, token: &str| Ok((format!("https://127.0.0.1:{port}"), token.into()));
+        assert_eq!(picked(&[&path], Pick::default()), at(2, "t-viewer"));
+        // The picked context's namespace is the client's default one.
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "- name: prod\n  context:\n",
+            "- name: prod\n  context:\n    namespace: ops\n",
+        );
+        let namespaced = dir.join("namespaced");
+        std::fs::write(&namespaced, text).unwrap();
+        let namespace = |pick: Pick| {
+            load(&Origin::Kubeconfig {
+                paths: vec![namespaced.clone()],
+                chosen_by: "--kubeconfig",
+                pick,
+            })
+            .result
+            .unwrap()
+            .config
+            .default_namespace
+        };
+        assert_eq!(namespace(pick(Some("prod"), None, None)), "ops");
+        assert_eq!(namespace(Pick::default()), "default");
+        assert_eq!(
+            picked(&[&path], pick(Some("prod"), None, None)),
+            at(1, "t-admin")
+        );
+        assert_eq!(
+            picked(&[&path], pick(Some("prod"), None, Some("viewer"))),
+            at(1, "t-viewer")
+        );
+        assert_eq!(
+            picked(&[&path], pick(None, Some("prod"), None)),
+            at(1, "t-viewer")
+        );
+        let nope = picked(&[&path], pick(Some("nope"), None, None)).unwrap_err();
+        assert!(
+            nope.ends_with("--context \"nope\" is not among its contexts"),
+            "{nope}"
+        );
+        let nope = picked(&[&path], pick(None, Some("nope"), None)).unwrap_err();
+        assert!(nope.ends_with("no cluster named \"nope\""), "{nope}");
+        let nope = picked(&[&path], pick(None, None, Some("nope"))).unwrap_err();
+        assert!(nope.ends_with("no user named \"nope\""), "{nope}");
+        // No current-context: --context names one, or --cluster and --user make one.
+        let bare = dir.join("bare");
+        std::fs::write(
+            &bare,
+            kubeconfig_text(
+                &[("prod", 1)],
+                &[("admin", "t")],
+                &[("prod", "prod", "admin")],
+                "",
+            ),
+        )
+        .unwrap();
+        let none = picked(&[&bare], Pick::default()).unwrap_err();
+        assert!(none.ends_with("has no current-context"), "{none}");
+        assert_eq!(picked(&[&bare], pick(Some("prod"), None, None)), at(1, "t"));
+        assert_eq!(
+            picked(&[&bare], pick(None, Some("prod"), Some("admin"))),
+            at(1, "t")
+        );
+        // What is picked is said with the origin.
+        let origin = Origin::resolve_kubectl(Some(&path), pick(Some("prod"), None, Some("u")));
+        assert_eq!(
+            origin.unwrap().describe(),
+            format!(
+                "kubeconfig {} (--kubeconfig), context \"prod\", user \"u\"",
+                path.display()
+            )
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn kubeconfig_files_merge_as_kubectl_merges_them() {
+        let dir = std::env::temp_dir().join(format!("load-merge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (first, second) = (dir.join("first"), dir.join("second"));
+        // The first file sets no current-context; both name a cluster "shared".
+        std::fs::write(
+            &first,
+            kubeconfig_text(
+                &[("shared", 1)],
+                &[("me", "t-first")],
+                &[("one", "shared", "me")],
+                "",
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            &second,
+            kubeconfig_text(
+                &[("shared", 2), ("own", 3)],
+                &[("me", "t-second"), ("other", "t-other")],
+                &[("one", "own", "other"), ("two", "shared", "other")],
+                "two",
+            ),
+        )
+        .unwrap();
+        let at = |port: u16, token: &str| Ok((format!("https://127.0.0.1:{port}"), token.into()));
+        // current-context from the first file that sets one; each name from the first file
+        // that has it, whole.
+        assert_eq!(
+            picked(&[&first, &second], Pick::default()),
+            at(1, "t-other")
+        );
+        let one = Pick {
+            context: Some("one".into()),
+            ..Pick::default()
+        };
+        assert_eq!(picked(&[&first, &second], one.clone()), at(1, "t-first"));
+        assert_eq!(picked(&[&second, &first], one), at(3, "t-other"));
+        // A file of the list that does not exist is skipped; with none there, it is said.
+        let missing = dir.join("missing");
+        assert_eq!(
+            picked(&[&missing, &first, &second], Pick::default()),
+            at(1, "t-other")
+        );
+        let attempt = load(&Origin::Kubeconfig {
+            paths: vec![missing.clone(), first.clone()],
+            chosen_by: "$KUBECONFIG",
+            pick: Pick::default(),
+        });
+        assert!(
+            attempt.files.contains(&missing),
+            "watched, to be read when it comes"
+        );
+        let none = picked(&[&missing, &dir.join("gone")], Pick::default()).unwrap_err();
+        assert!(
+            none.starts_with(&format!("kubeconfig {} does not exist", missing.display())),
+            "{none}"
+        );
+        // A file that is there but broken is not skipped.
+        std::fs::write(dir.join("broken"), "clusters: [").unwrap();
+        let broken = picked(&[&dir.join("broken"), &first], Pick::default()).unwrap_err();
+        assert!(broken.contains("is not a valid kubeconfig"), "{broken}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn kubectl_finds_its_kubeconfig_before_the_pods_service_account() {
+        let resolve = |vars: &[(&str, &str)], pick: Pick, home: Found| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Origin::resolve_in(
+                None,
+                Some(pick),
+                move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.into()),
+                move |path| {
+                    if path == Path::new("/root/.kube/config") {
+                        home
+                    } else {
+                        Found::Missing
+                    }
+                },
+            )
+        };
+        let pod = [
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("HOME", "/root"),
+        ];
+        let in_cluster = Ok(Origin::InCluster {
+            server: "https://10.0.0.1:443".into(),
+            dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+        });
+        assert_eq!(resolve(&pod, Pick::default(), Found::Missing), in_cluster);
+        let home = Ok(Origin::Kubeconfig {
+            paths: vec![PathBuf::from("/root/.kube/config")],
+            chosen_by: "the default ~/.kube/config",
+            pick: Pick::default(),
+        });
+        assert_eq!(resolve(&pod, Pick::default(), Found::Kubeconfig), home);
+        let mut with_kubeconfig = pod.to_vec();
+        with_kubeconfig.push(("KUBECONFIG", "/a:/b:/a"));
+        assert_eq!(
+            resolve(&with_kubeconfig, Pick::default(), Found::Missing),
+            Ok(Origin::Kubeconfig {
+                paths: vec![PathBuf::from("/a"), PathBuf::from("/b")],
+                chosen_by: "$KUBECONFIG",
+                pick: Pick::default(),
+            })
+        );
+        // A context is a kubeconfig's: with one picked, the service account is not taken.
+        let context = Pick {
+            context: Some("prod".into()),
+            ..Pick::default()
+        };
+        assert_eq!(
+            resolve(&pod, context.clone(), Found::Missing),
+            Ok(Origin::Kubeconfig {
+                paths: vec![PathBuf::from("/root/.kube/config")],
+                chosen_by: "the default ~/.kube/config",
+                pick: context,
+            })
+        );
     }
 
     #[test]
@@ -1213,6 +1633,7 @@ mod tests {
         let problem = load(&Origin::Kubeconfig {
             paths: vec![path.clone()],
             chosen_by: "--kubeconfig",
+            pick: Pick::default(),
         })
         .result
         .err()
@@ -1225,6 +1646,7 @@ mod tests {
         let missing = load(&Origin::Kubeconfig {
             paths: vec![dir.join("nowhere")],
             chosen_by: "$KUBECONFIG",
+            pick: Pick::default(),
         })
         .result
         .err()
@@ -1240,6 +1662,7 @@ mod tests {
             files.iter().map(|(p, f)| (PathBuf::from(p), *f)).collect();
         Origin::resolve_in(
             None,
+            None,
             |name| (name == "HOME").then(|| home.map(Into::into)).flatten(),
             move |path| {
                 files
@@ -1254,6 +1677,7 @@ mod tests {
         Ok(Origin::Kubeconfig {
             paths: vec![PathBuf::from(path)],
             chosen_by,
+            pick: Pick::default(),
         })
     }
 
@@ -1396,7 +1820,8 @@ mod tests {
             origin,
             Origin::Kubeconfig {
                 paths: vec![PathBuf::from("/nonexistent/kubeconfig")],
-                chosen_by: "--kubeconfig"
+                chosen_by: "--kubeconfig",
+                pick: Pick::default(),
             }
         );
         let attempt = load(&origin);

@@ -25,7 +25,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::files::{self, FsEvent, Plan};
-pub use load::{HeldCertificate, Origin};
+pub use load::{HeldCertificate, Origin, Pick};
 
 /// The credentials are read again this often, whatever inotify says.
 pub const REREAD_EVERY: Duration = Duration::from_secs(60);
@@ -240,6 +240,7 @@ impl Credentials {
         let origin = Arc::new(Origin::Kubeconfig {
             paths: Vec::new(),
             chosen_by: "a test",
+            pick: Default::default(),
         });
         let credentials = Credentials {
             current,
@@ -510,6 +511,7 @@ mod tests {
         let origin = Origin::Kubeconfig {
             paths: vec!["k".into()],
             chosen_by: "--kubeconfig",
+            pick: Pick::default(),
         };
         let ((), log) = crate::testlog::Log::capture(|| {
             log_new(&origin, &Current::default(), &held, "https://api:6443")

@@ -26,6 +26,8 @@ pub const VERSION: u32 = 1;
 const MAX_WHY: usize = 240;
 /// More targets than any node keeps: a report with more is refused.
 const MAX_TARGETS: usize = 256;
+/// A certificate's name is cut to this many characters (X.509's bound on a CN).
+const MAX_NAME: usize = 64;
 
 /// One node's report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +39,12 @@ pub struct Held {
     /// When what it holds (or why) last changed, RFC 3339.
     pub changed: String,
     pub targets: Vec<TargetHeld>,
+    /// The subject CN (or the name `inspect` shows) of each certificate its targets hold, by
+    /// fingerprint, at most [`MAX_NAME`] characters each: what `rollout status` names a
+    /// certificate by when no source makes it any more (a withdrawn CA a node still holds).
+    /// Left out first when the report would be too large; older agents write none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub names: BTreeMap<Sha, String>,
 }
 
 /// What kind of thing a target is.
@@ -187,6 +195,11 @@ impl Held {
             if json.len() <= MAX_BYTES {
                 return json;
             }
+            // The names go first: without them a certificate is still counted.
+            if !held.names.is_empty() {
+                held.names.clear();
+                continue;
+            }
             let Some(largest) = held
                 .targets
                 .iter_mut()
@@ -232,17 +245,37 @@ impl Held {
         for (dir, files) in sets {
             targets.push(registries(dir, &files, None));
         }
+        let names = std::iter::once(status)
+            .chain(status.others.iter().filter(|s| s.registry_set.is_none()))
+            .flat_map(|s| &s.certificates)
+            .map(|c| (Sha::from(c.fingerprint()), cut(&c.display_name(), MAX_NAME)))
+            .collect();
         Held {
             v: VERSION,
             agent: env!("CARGO_PKG_VERSION").to_string(),
             changed,
             targets,
+            names,
         }
     }
 
     /// The same report with another time: whether anything but the time differs.
     pub fn same_as(&self, other: &Held) -> bool {
-        self.targets == other.targets && self.agent == other.agent && self.v == other.v
+        self.targets == other.targets
+            && self.names == other.names
+            && self.agent == other.agent
+            && self.v == other.v
+    }
+
+    /// `sha` with the name this report gives it (escaped: a node writes its own report),
+    /// if it gives one.
+    pub fn name(&self, sha: &Sha) -> super::verdict::Ca {
+        let mut ca = super::verdict::Ca::unnamed(sha.clone());
+        ca.subject_cn = self
+            .names
+            .get(sha)
+            .map(|name| crate::text::escape(name).into_owned());
+        ca
     }
 }
 
@@ -472,6 +505,68 @@ mod tests {
         // Text from the node is escaped in the reason.
         let why = Held::parse(r#"{"v":"\u001b[31m"}"#).unwrap_err().0;
         assert!(!why.contains('\u{1b}'), "{why:?}");
+    }
+
+    #[test]
+    fn each_certificate_is_named_and_the_names_go_first_when_the_report_is_too_large() {
+        let now = test_certs::now();
+        let mut status = bundle_status();
+        let long = "x".repeat(80);
+        let other = test_certs::ca(Some(&long), None, now - 60, now + 3600);
+        status.others.push(Status {
+            bundle_path: "/var/lib/kubelet/kubeconfig".into(),
+            certificates: vec![other.clone()],
+            file_valid: true,
+            in_sync: Some(true),
+            removal_held: Some(true),
+            ..Status::default()
+        });
+        // A registry set's files are not named: the report lists no certificate of theirs.
+        let unlisted = test_certs::ca(Some("registry-ca"), None, now - 60, now + 3600);
+        status.others.push(Status {
+            bundle_path: "/etc/containers/registries.d/x.yaml".into(),
+            certificates: vec![unlisted.clone()],
+            registry_set: Some("/etc/containers/registries.d".into()),
+            ..Status::default()
+        });
+        let held = Held::of(&status, "t".into());
+        let a = Sha::from(status.certificates[0].fingerprint());
+        let b = Sha::from(other.fingerprint());
+        assert_eq!(held.names.len(), 2, "{:?}", held.names);
+        assert_eq!(held.names[&a], "signer-a");
+        // Cut to 64 characters, as X.509 bounds a CN.
+        assert_eq!(held.names[&b], format!("{}…", "x".repeat(64)));
+        let back = Held::parse(&held.to_json()).unwrap();
+        assert_eq!(back, held);
+        assert_eq!(back.name(&a).subject_cn.as_deref(), Some("signer-a"));
+        assert_eq!(
+            back.name(&Sha(sha('e'))),
+            crate::fleet::verdict::Ca::unnamed(Sha(sha('e')))
+        );
+        // A different name is a different report; the time alone is not.
+        let mut renamed = held.clone();
+        renamed.names.insert(a.clone(), "signer-z".into());
+        assert!(!renamed.same_as(&held));
+        let mut later = held.clone();
+        later.changed = "u".into();
+        assert!(later.same_as(&held));
+        // Too large with the names, within the bound without them: every list is kept.
+        let many: Vec<Sha> = (0..150).map(|i| Sha(format!("{i:064x}"))).collect();
+        let mut big = held.clone();
+        big.targets[0].certs = many.clone();
+        big.names = many.iter().map(|s| (s.clone(), "n".repeat(64))).collect();
+        let json = big.to_json();
+        assert!(json.len() <= MAX_BYTES, "{}", json.len());
+        let back = Held::parse(&json).unwrap();
+        assert!(back.names.is_empty());
+        assert_eq!(back.targets[0].certs, many);
+        assert!(back.targets[0].in_sync);
+        // An older agent's report, with no names, is read as before.
+        let old = r#"{"v":1,"agent":"0.1.0","changed":"t","targets":[]}"#;
+        assert!(Held::parse(old).unwrap().names.is_empty());
+        // A name keyed by something that is not a fingerprint makes the report invalid.
+        let bad = r#"{"v":1,"agent":"0.1.0","changed":"t","targets":[],"names":{"zz":"x"}}"#;
+        assert!(Held::parse(bad).is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod gauges;
 pub mod held;
 pub mod nodes;
 pub mod own_node;
+pub mod prefix;
 pub mod report;
 pub mod show;
 pub mod verdict;

@@ -420,7 +420,7 @@ fn judge(question: &Question, node: &Node<'_>) -> (NodeVerdict, Option<BTreeSet<
                 None => verdict.why.push(Why::NoTarget(question.target.clone())),
                 Some(target) => {
                     let holds: BTreeSet<Sha> = target.certs.iter().cloned().collect();
-                    against(question, target, &holds, &mut verdict);
+                    against(question, held, target, &holds, &mut verdict);
                     shown = Some(holds);
                 }
             }
@@ -437,11 +437,20 @@ fn judge(question: &Question, node: &Node<'_>) -> (NodeVerdict, Option<BTreeSet<
 /// The verdict on a node whose report names the target, which holds `holds`.
 fn against(
     question: &Question,
+    held: &Held,
     target: &TargetHeld,
     holds: &BTreeSet<Sha>,
     verdict: &mut NodeVerdict,
 ) {
-    let name = |sha: &Sha| question.name(sha);
+    // Named by the sources or a `file:` certificate, else as the node's report names it
+    // (a withdrawn CA is named by no source any more).
+    let name = |sha: &Sha| {
+        let ca = question.name(sha);
+        match ca.subject_cn {
+            Some(_) => ca,
+            None => held.name(sha),
+        }
+    };
     // A kubeconfig's new CA counts once the kubelet has read it: after its restart.
     let restarted = match target.restart {
         None | Some(Restart::Done) => None,
@@ -540,6 +549,7 @@ pub(crate) mod testing {
             agent: "test".into(),
             changed: "2026-11-27T15:00:00Z".into(),
             targets,
+            names: BTreeMap::new(),
         };
         // Through the annotation, as the follower reads it.
         Report::read(Some(&held.to_json()))
@@ -614,6 +624,43 @@ mod tests {
         assert_eq!(v.nodes[0].state, State::Behind);
         assert!(v.nodes[0].lacks.is_empty());
         assert_eq!(v.nodes[0].still_holds.len(), 1);
+    }
+
+    #[test]
+    fn what_no_source_names_is_named_as_the_nodes_own_report_names_it() {
+        let mut held = Held {
+            v: 1,
+            agent: "a".into(),
+            changed: "t".into(),
+            targets: vec![entry("/b", Kind::Bundle, &['a', 'c'])],
+            names: BTreeMap::new(),
+        };
+        held.names.insert(sha('c'), "withdrawn-signer".into());
+        // A node cannot rename what the sources name.
+        held.names.insert(sha('a'), "not-signer-a".into());
+        let r = Report::read(Some(&held.to_json()));
+        let n = verdict(&sources(Condition::Sources), [node("n", &r)]).nodes[0].clone();
+        let withdrawn = Ca {
+            sha256: sha('c'),
+            subject_cn: Some("withdrawn-signer".into()),
+            serial_number: None,
+        };
+        assert_eq!(n.still_holds, vec![withdrawn.clone()]);
+        assert_eq!(n.lacks, vec![ca('b', "signer-b")]);
+        // remove= names it too, and so does a removal held back.
+        let mut q = sources(Condition::Remove(vec![sha('c')]));
+        q.known.clear();
+        let n = verdict(&q, [node("n", &r)]).nodes[0].clone();
+        assert_eq!(n.still_holds, vec![withdrawn.clone()]);
+        held.targets[0].certs = vec![sha('a')];
+        held.targets[0].held_back = vec![sha('c')];
+        let r = Report::read(Some(&held.to_json()));
+        let n = verdict(&q, [node("n", &r)]).nodes[0].clone();
+        assert_eq!(n.why, vec![Why::RemovalHeld(vec![withdrawn.clone()])]);
+        // Another node's report does not name it for this one.
+        let plain = bundle(&['a', 'c']);
+        let v = verdict(&q, [node("m", &plain), node("n", &r)]);
+        assert_eq!(v.nodes[0].still_holds, vec![Ca::unnamed(sha('c'))]);
     }
 
     #[test]
@@ -849,11 +896,18 @@ mod tests {
             agent: "a".into(),
             changed: "\u{1b}]0;t".into(),
             targets: vec![t],
+            names: BTreeMap::new(),
         };
         held.targets[0].why = Some("bad\u{202e}name".into());
+        held.targets[0].certs.push(sha('c'));
+        held.names.insert(sha('c'), "evil\u{1b}[2J".into());
         let r = Report::Read(Ok(held));
         let v = verdict(&sources(Condition::Sources), [node("n\u{1b}[2J", &r)]);
         let n = &v.nodes[0];
+        assert_eq!(
+            n.still_holds[0].subject_cn.as_deref(),
+            Some("evil\\u{1b}[2J")
+        );
         assert_eq!(n.name, "n\\u{1b}[2J");
         assert_eq!(n.since.as_deref(), Some("\\u{1b}]0;t"));
         assert_eq!(n.why[0].message(), "out of sync: bad\\u{202e}name");
