@@ -428,6 +428,14 @@ fn the_report_is_put_back_when_removed_edited_or_the_node_registered_again() {
         agent.log()
     );
     let written = truth().unwrap();
+    // Written as the agent's own field manager, as `kubectl get node -o yaml` shows.
+    let managed = cluster.node("worker-7").unwrap()["metadata"]["managedFields"].clone();
+    assert!(
+        managed
+            .as_array()
+            .is_some_and(|m| m.iter().any(|f| f["manager"] == "kubelet-ca-agent")),
+        "{managed}"
+    );
     std::thread::sleep(2 * SECOND);
 
     // 30 idle seconds: no write, and no request on nodes but the open watch.

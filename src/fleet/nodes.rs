@@ -577,4 +577,37 @@ mod tests {
         assert_eq!(rx.borrow().problem, None);
         assert!(!nodes.said_down);
     }
+
+    /// The follower's part for the Nodes: what it selects, and what a list and a change do
+    /// to the fleet that `rollout wait` and `publish` read.
+    #[test]
+    fn the_nodes_watch_keeps_the_fleet_as_lists_and_changes_say() {
+        let (tx, rx) = watch::channel(Arc::new(Fleet::default()));
+        let mut nodes = Nodes {
+            selector: Some("pool=a".into()),
+            fleet: tx,
+            said_down: false,
+        };
+        assert_eq!(nodes.name(), "the Nodes");
+        assert_eq!(nodes.selection().labels.as_deref(), Some("pool=a"));
+        assert_eq!(nodes.selection().fields, None);
+        let now = std::time::Instant::now();
+        let why = Problem::new("api_error", "500".into(), Failure::ANSWERED);
+        nodes.down(&why, now);
+        nodes.listed(
+            vec![node("n1", None, false), node("n2", None, false)],
+            Listed::default(),
+            now,
+        );
+        let fleet = rx.borrow().clone();
+        assert!(
+            fleet.listed && fleet.problem.is_none(),
+            "a list is the fleet, up"
+        );
+        assert_eq!(fleet.nodes.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+        nodes.changed(Change::Applied(node("n3", None, true)), now);
+        assert!(rx.borrow().nodes["n3"].deleting);
+        nodes.changed(Change::Deleted(node("n1", None, false)), now);
+        assert_eq!(rx.borrow().nodes.keys().collect::<Vec<_>>(), ["n2", "n3"]);
+    }
 }

@@ -583,6 +583,8 @@ mod tests {
         assert_eq!(cut, format!("{}...", "y".repeat(MAX_TEXT)));
         let short = Problem::new("api_error", "y".repeat(MAX_TEXT), Failure::ANSWERED).text;
         assert_eq!(short, "y".repeat(MAX_TEXT));
+        let said = Problem::new("tls", "https://h:6443: TLS: x".into(), Failure::ANSWERED);
+        assert_eq!(said.to_string(), "https://h:6443: TLS: x");
     }
 
     #[test]

@@ -149,7 +149,10 @@ fn fake_client(client: u64, asked: mpsc::UnboundedSender<Asked>) -> kube::Client
                     .unwrap_or_default();
                 format!("watch from {rv}")
             } else {
-                "list".to_string()
+                match query.split('&').find_map(|p| p.strip_prefix("continue=")) {
+                    Some(token) => format!("list continue={token}"),
+                    None => "list".to_string(),
+                }
             };
             let (answer, answered) = oneshot::channel();
             let _ = asked.send(Asked {
@@ -516,4 +519,25 @@ async fn a_watch_that_failed_is_up_again_once_resumed_and_a_410_lists_again_and_
     let _ = relist.answer.send(listed("3", &["cm"]));
     let _ = h.next().await;
     assert!(log.text().contains("store went back"), "{}", log.text());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_list_is_read_page_by_page_and_watched_from_the_last_pages_version() {
+    let mut h = Harness::start();
+    let (first, _) = h.next().await;
+    let mut page = listed("5", &["cm"]);
+    let mut json: serde_json::Value = serde_json::from_slice(
+        &futures::executor::block_on(page.body_mut().collect())
+            .unwrap()
+            .to_bytes(),
+    )
+    .unwrap();
+    json["metadata"]["continue"] = json!("next-page");
+    let _ = first.answer.send(body(json));
+    let (second, _) = h.next().await;
+    assert_eq!(second.what, "list continue=next-page", "the second page");
+    let _ = second.answer.send(listed("6", &["cm2"]));
+    let (watch, _) = h.next().await;
+    assert_eq!(watch.what, "watch from 6");
+    assert_eq!(h.told.take(), ["listed cm,cm2"]);
 }
