@@ -705,6 +705,9 @@ fn errors_that_are_not_status_json_cost_nothing_but_delay() {
         (Fault::ErrorEvent(500), "HTTP 500 InternalError"),
     ];
     for (i, (fault, says)) in faults.into_iter().enumerate() {
+        // The source is up on the list that follows a lost connection, a moment before its
+        // watch is open again: a fault inside the watch needs the watch.
+        wait_until(10 * SECOND, || api.open_watches() == 1);
         let before = fingerprint_file(&node.bundle());
         let restarts = agent
             .metric("kubelet_ca_watch_restarts_total{")
