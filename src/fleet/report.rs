@@ -689,7 +689,7 @@ async fn write(api: &Api<Node>, name: &str, server: &str, value: &str) -> Outcom
                 .as_deref()
                 .and_then(|rv| rv.parse().ok()),
         },
-        Ok(Err(kube::Error::Api(status))) if status.code == 404 => Outcome::NoNode,
+        // A 404 (the Node went between the watch and the write) is told by `failed`.
         Ok(Err(e)) => failed(&e, server, name),
         Err(_) => hung(server),
     }
