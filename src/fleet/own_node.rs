@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{ListParams, ObjectList, PartialObjectMeta, WatchParams};
 use tokio::sync::watch;
 
-use super::held::ANNOTATION;
+use super::held::{ANNOTATION, MAX_BYTES};
 use crate::credentials::Credentials;
 use crate::follow::{self, Change, Events, Followed, Listed, Problem, Selection};
 use crate::metrics::{Metrics, ReasonLabels};
@@ -69,12 +69,20 @@ struct OwnNode {
 fn kept(item: &PartialObjectMeta<Node>) -> NodeSeen {
     NodeSeen {
         uid: item.metadata.uid.clone().unwrap_or_default(),
+        // Another writer's annotation is kept only up to a report's bound: a larger one is
+        // there, and no report (an empty value says so).
         annotation: item
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(ANNOTATION))
-            .cloned(),
+            .map(|v| {
+                if v.len() > MAX_BYTES {
+                    String::new()
+                } else {
+                    v.clone()
+                }
+            }),
         rv: item
             .metadata
             .resource_version
@@ -263,6 +271,13 @@ mod tests {
                 annotation: None,
                 rv: None
             })
+        );
+        // A value over a report's bound is kept as there, and empty.
+        let huge = "x".repeat(MAX_BYTES + 1);
+        own.changed(Change::Applied(node("n1", "u2", "8", Some(&huge))), now);
+        assert_eq!(
+            rx.borrow().node.as_ref().unwrap().annotation.as_deref(),
+            Some("")
         );
         own.changed(Change::Deleted(node("n1", "u2", "9", None)), now);
         assert_eq!(rx.borrow().node, None);

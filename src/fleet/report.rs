@@ -107,11 +107,24 @@ pub enum OnNode {
     Unknown,
     /// There is no such Node (yet: a new node registers it).
     Missing,
-    /// The Node `uid`, with the report's annotation as it stands.
+    /// The Node `uid`: whether it has the report's annotation, and the report in it when
+    /// it is one (read once, when the watch brings it).
     Holds {
         uid: String,
-        annotation: Option<String>,
+        present: bool,
+        held: Option<Held>,
     },
+}
+
+impl OnNode {
+    /// The Node `uid`, whose annotation is `annotation`.
+    pub fn holds(uid: String, annotation: Option<&str>) -> OnNode {
+        OnNode::Holds {
+            uid,
+            present: annotation.is_some(),
+            held: annotation.and_then(|v| Held::parse(v).ok()),
+        }
+    }
 }
 
 /// How the report stands, for the `node-report` check.
@@ -213,15 +226,15 @@ impl Policy {
     /// is the Node's (an agent restarted on a node whose report has not changed writes
     /// nothing, and keeps the time).
     fn adopt(&mut self) {
-        let (Some(built), OnNode::Holds { uid, annotation }) = (&mut self.built, &self.node) else {
+        let (Some(built), OnNode::Holds { uid, held, .. }) = (&mut self.built, &self.node) else {
             return;
         };
-        let Some(held) = annotation.as_deref().and_then(|v| Held::parse(v).ok()) else {
+        let Some(held) = held else {
             return;
         };
         if held.same_as(built) {
             *built = held.clone();
-            self.confirmed = Some((uid.clone(), held));
+            self.confirmed = Some((uid.clone(), held.clone()));
             self.restored = false;
         }
     }
@@ -239,11 +252,10 @@ impl Policy {
         if !can_ask {
             return Action::Idle;
         }
-        let OnNode::Holds { uid, annotation } = &self.node else {
+        let OnNode::Holds { uid, present, held } = &self.node else {
             return Action::Idle;
         };
-        let on_node = annotation.as_deref().and_then(|v| Held::parse(v).ok());
-        if on_node.as_ref().is_some_and(|held| held.same_as(built)) {
+        if held.as_ref().is_some_and(|held| held.same_as(built)) {
             return Action::Idle;
         }
         if let Some(at) = self.retry_at
@@ -257,15 +269,12 @@ impl Policy {
                 return Action::Wait { until: at };
             }
         }
-        Action::Write(
-            built.to_json(),
-            self.cause(uid, annotation.is_some(), on_node),
-        )
+        Action::Write(built.to_json(), self.cause(uid, *present, held.as_ref()))
     }
 
     /// Why the Node `uid`, whose annotation is `present` and holds `on_node` of this
     /// node's reports, is to be written.
-    fn cause(&self, uid: &str, present: bool, on_node: Option<Held>) -> Cause {
+    fn cause(&self, uid: &str, present: bool, on_node: Option<&Held>) -> Cause {
         if self.restored {
             return Cause::Restored;
         }
@@ -286,10 +295,11 @@ impl Policy {
     pub fn outcome(&mut self, outcome: Outcome, now: Instant, jitter: f64) {
         match outcome {
             Outcome::Written { rv } => {
-                if let (Some(built), OnNode::Holds { uid, annotation }) =
+                if let (Some(built), OnNode::Holds { uid, present, held }) =
                     (&self.built, &mut self.node)
                 {
-                    *annotation = Some(built.to_json());
+                    *present = true;
+                    *held = Some(built.clone());
                     self.confirmed = Some((uid.clone(), built.clone()));
                 }
                 self.written_rv = rv;
@@ -329,17 +339,14 @@ impl Policy {
             OnNode::Missing => Standing::Pending(
                 "waiting for the Node to exist (a new node registers it)".to_string(),
             ),
-            OnNode::Holds { annotation, .. } => {
-                let held = annotation.as_deref().and_then(|v| Held::parse(v).ok());
-                match (&self.problem, held) {
-                    (_, Some(held)) if held.same_as(built) => Standing::Held,
-                    (Some(problem), _) => Standing::Failed(problem.clone()),
-                    (None, _) if !self.settled && self.confirmed.is_none() => Standing::Pending(
-                        "waiting for every source to be read before the first report".to_string(),
-                    ),
-                    (None, _) => Standing::Pending("not written yet".to_string()),
-                }
-            }
+            OnNode::Holds { held, .. } => match (&self.problem, held) {
+                (_, Some(held)) if held.same_as(built) => Standing::Held,
+                (Some(problem), _) => Standing::Failed(problem.clone()),
+                (None, _) if !self.settled && self.confirmed.is_none() => Standing::Pending(
+                    "waiting for every source to be read before the first report".to_string(),
+                ),
+                (None, _) => Standing::Pending("not written yet".to_string()),
+            },
         }
     }
 }
@@ -448,8 +455,14 @@ impl Reporter {
                 own = Some(Own::start(&credentials, name, &self.metrics));
                 policy.seen(OnNode::Unknown, None, false);
             }
-            if let Some(own) = own.as_mut() {
-                let seen = own.seen.borrow_and_update().clone();
+            // What the watch saw, read into the policy once each time it says something
+            // new (the wait below marks it seen: the last one taken is compared instead).
+            let news = own.as_mut().and_then(|own| {
+                let now = own.seen.borrow_and_update().clone();
+                (own.taken.as_ref() != Some(&now)).then_some(now)
+            });
+            if let (Some(own), Some(seen)) = (own.as_mut(), news) {
+                own.taken = Some(seen.clone());
                 let restored = seen.restores != own.restores;
                 own.restores = seen.restores;
                 let (node, rv) = match &seen.node {
@@ -457,10 +470,7 @@ impl Reporter {
                     None => (OnNode::Missing, None),
                     Some(node) => {
                         uid = Some(node.uid.clone());
-                        let holds = OnNode::Holds {
-                            uid: node.uid.clone(),
-                            annotation: node.annotation.clone(),
-                        };
+                        let holds = OnNode::holds(node.uid.clone(), node.annotation.as_deref());
                         (holds, node.rv)
                     }
                 };
@@ -641,6 +651,8 @@ struct Own {
     seen: watch::Receiver<Seen>,
     /// The restores counted when last looked at.
     restores: u64,
+    /// What the watch said when the policy last took it.
+    taken: Option<Seen>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -658,6 +670,7 @@ impl Own {
             name: name.to_string(),
             seen,
             restores: 0,
+            taken: None,
             task,
         }
     }
@@ -767,10 +780,7 @@ mod tests {
     }
 
     fn holds(uid: &str, annotation: Option<String>) -> OnNode {
-        OnNode::Holds {
-            uid: uid.into(),
-            annotation,
-        }
+        OnNode::holds(uid.into(), annotation.as_deref())
     }
 
     /// The write the policy asks for, with its cause.
