@@ -233,6 +233,32 @@ pub enum Seen {
     Present(Observed),
 }
 
+/// Whether what an apply returned, at `applied_rv`, is newer than what the target's watch
+/// shows (`seen`), and so what the ConfigMap holds now. `watched_during`: the watch said
+/// something while the apply was in flight. The watch's view stands when the apply returned
+/// no resourceVersion, when the watch already shows the apply's own, when the watch shows a
+/// later one, and when it said during the apply that the ConfigMap is gone (that deletion
+/// came after the write, or the write was a create whose own event follows): adopting the
+/// apply's result then would take a deleted ConfigMap for published, and nothing would
+/// ever put it back.
+pub fn applied_is_newer(seen: &Seen, applied_rv: Option<&str>, watched_during: bool) -> bool {
+    let Some(applied) = applied_rv else {
+        return false;
+    };
+    match seen {
+        Seen::Missing => !watched_during,
+        Seen::Unknown => true,
+        Seen::Present(seen) => match seen.resource_version.as_deref() {
+            Some(rv) if rv == applied => false,
+            Some(rv) => match (rv.parse::<u64>(), applied.parse::<u64>()) {
+                (Ok(seen), Ok(applied)) => applied > seen,
+                _ => true,
+            },
+            None => true,
+        },
+    }
+}
+
 /// What the loop should do about the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -330,6 +356,30 @@ pub fn apply_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_applys_result_is_taken_only_when_the_watch_shows_nothing_newer() {
+        let at =
+            |rv: Option<&str>| Seen::Present(Observed::new(None, None, rv.map(str::to_string)));
+        // No resourceVersion returned: nothing to compare, the watch stands.
+        assert!(!applied_is_newer(&at(Some("5")), None, false));
+        // The watch already shows the apply's own version.
+        assert!(!applied_is_newer(&at(Some("7")), Some("7"), true));
+        // Older than the apply: the apply's result is what the ConfigMap holds.
+        assert!(applied_is_newer(&at(Some("5")), Some("7"), false));
+        assert!(applied_is_newer(&at(Some("5")), Some("7"), true));
+        // Newer than the apply (another writer after it, seen before its answer came).
+        assert!(!applied_is_newer(&at(Some("9")), Some("7"), true));
+        // Versions that are not numbers: only equality is known.
+        assert!(applied_is_newer(&at(Some("x")), Some("7"), false));
+        assert!(applied_is_newer(&at(None), Some("7"), false));
+        // Gone before the apply (a create): the apply's result stands.
+        assert!(applied_is_newer(&Seen::Missing, Some("7"), false));
+        assert!(applied_is_newer(&Seen::Unknown, Some("7"), false));
+        // Gone, said while the apply was in flight: deleted after the write (or the write
+        // was a create whose own event follows); the watch stands.
+        assert!(!applied_is_newer(&Seen::Missing, Some("7"), true));
+    }
 
     fn observed(bytes: Option<&[u8]>, annotated: Option<&str>) -> Observed {
         Observed::new(

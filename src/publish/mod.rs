@@ -406,6 +406,8 @@ struct Publisher {
     published: Option<String>,
     /// An apply in flight: the id it carries.
     applying: Option<String>,
+    /// The target's watch said something while the apply in flight was.
+    watched_during_apply: bool,
     /// After an apply, the resourceVersion it made, until the watch shows it: the watch's
     /// events before it are older than what the apply returned, and are not acted on.
     awaiting: Option<(String, Instant)>,
@@ -562,6 +564,7 @@ async fn watch_and_publish(
         target_down: None,
         published: None,
         applying: None,
+        watched_during_apply: false,
         awaiting: None,
         failed: None,
         applied_tx,
@@ -671,6 +674,12 @@ impl Publisher {
     fn on_input(&mut self, input: Input) {
         if let Input::Target(Event::Content(_) | Event::Failed(SourceError::NotFound { .. })) =
             &input
+            && self.applying.is_some()
+        {
+            self.watched_during_apply = true;
+        }
+        if let Input::Target(Event::Content(_) | Event::Failed(SourceError::NotFound { .. })) =
+            &input
             && let Some((rv, since)) = self.awaiting.take()
         {
             let event_rv = match &input {
@@ -740,12 +749,8 @@ impl Publisher {
                 if changed {
                     self.count_writes(base.as_ref(), &keys, repair, &observed);
                 }
-                let seen_rv = match &self.seen {
-                    Seen::Present(seen) => seen.resource_version.clone(),
-                    _ => None,
-                };
                 if let Some(rv) = &observed.resource_version
-                    && seen_rv.as_ref() != Some(rv)
+                    && configmap::applied_is_newer(&self.seen, Some(rv), self.watched_during_apply)
                 {
                     self.awaiting = Some((rv.clone(), Instant::now()));
                     self.seen = Seen::Present(observed);
@@ -1010,6 +1015,7 @@ impl Publisher {
         let sha256 = desired.sha256.clone();
         let keys = desired.others.keys().cloned().collect();
         self.applying = Some(id.clone());
+        self.watched_during_apply = false;
         tokio::spawn(async move {
             let applied = |outcome| {
                 Box::new(Applied {
