@@ -34,6 +34,11 @@ pub struct Seen {
     pub listed: bool,
     /// The Node, when it exists.
     pub node: Option<NodeSeen>,
+    /// The store's revision at which a list last found `node`, when no event changed it
+    /// since: `node` is what the store holds as of it. A Node older than the report's last
+    /// write in a store past that write has lost it (a store restored from a backup whose
+    /// revisions caught up before the list).
+    pub as_of: Option<u64>,
     /// How many lists have stood on a store that went back (restored from a backup).
     pub restores: u64,
     /// Why the Node cannot be followed now, when that is so.
@@ -122,6 +127,7 @@ impl Followed for OwnNode {
         self.seen.send_modify(|seen| {
             seen.listed = true;
             seen.node = node.map(kept);
+            seen.as_of = listed.rv;
             seen.restores += u64::from(listed.went_back);
             seen.problem = None;
         });
@@ -134,6 +140,9 @@ impl Followed for OwnNode {
         };
         self.seen.send_if_modified(|seen| {
             let new = seen.node != node;
+            if new {
+                seen.as_of = None;
+            }
             seen.node = node;
             new
         });
@@ -195,6 +204,13 @@ mod tests {
         item
     }
 
+    fn at(rv: u64) -> Listed {
+        Listed {
+            went_back: false,
+            rv: Some(rv),
+        }
+    }
+
     #[test]
     fn the_watch_keeps_the_nodes_uid_report_and_revision_and_counts_restores() {
         let (tx, mut rx) = watch::channel(Seen::default());
@@ -216,13 +232,26 @@ mod tests {
             },
             "listed, and no such Node yet"
         );
+        own.listed(vec![node("n1", "u1", "6", None)], at(6), now);
+        assert_eq!(rx.borrow().as_of, Some(6), "a list says as of when");
+        own.changed(Change::Applied(node("n1", "u1", "6", None)), now);
+        assert_eq!(
+            rx.borrow().as_of,
+            Some(6),
+            "the same Node again changes nothing"
+        );
         own.changed(Change::Applied(node("n1", "u1", "7", Some("{}"))), now);
         let held = NodeSeen {
             uid: "u1".into(),
             annotation: Some("{}".into()),
             rv: Some(7),
         };
-        assert_eq!(rx.borrow_and_update().node, Some(held.clone()));
+        let seen = rx.borrow_and_update().clone();
+        assert_eq!(
+            (seen.node, seen.as_of),
+            (Some(held.clone()), None),
+            "an event is no list"
+        );
         // The same again (a status update, a label): nothing new to tell.
         own.changed(Change::Applied(node("n1", "u1", "7", Some("{}"))), now);
         assert!(!rx.has_changed().unwrap());
@@ -259,7 +288,10 @@ mod tests {
         assert_eq!(rx.borrow().problem, None);
         assert!(!own.said_down);
         // A list on a store that went back is counted; one that did not is not.
-        let back = Listed { went_back: true };
+        let back = Listed {
+            went_back: true,
+            rv: Some(3),
+        };
         own.listed(vec![node("n1", "u2", "3", None)], back, now);
         own.listed(vec![node("n1", "u2", "x", None)], Listed::default(), now);
         let seen = rx.borrow().clone();

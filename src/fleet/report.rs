@@ -197,12 +197,18 @@ impl Policy {
         self.adopt();
     }
 
-    /// The Node's watch says `node`, at resourceVersion `rv`; `restored`: it comes from a
-    /// list on a store that went back. A state older than the last write is passed over
-    /// (the watch brings it after the write, and the write's own state follows it), unless
-    /// the store went back since.
-    pub fn seen(&mut self, node: OnNode, rv: Option<u64>, restored: bool) {
-        if restored {
+    /// The Node's watch says `node`, at resourceVersion `rv`; `as_of`: a list found it in
+    /// the store as of that revision; `restored`: that list stood on a store that went
+    /// back. A state older than the last write is passed over (the watch brings it after
+    /// the write, and the write's own state follows it), unless the store went back since:
+    /// told so, or a list past the write that finds the Node older than it (the store lost
+    /// the write: restored from a backup, its revisions caught up before the list).
+    pub fn seen(&mut self, node: OnNode, rv: Option<u64>, as_of: Option<u64>, restored: bool) {
+        let lost = matches!(
+            (self.written_rv, rv, as_of),
+            (Some(written), Some(rv), Some(at)) if rv < written && at >= written
+        );
+        if restored || lost {
             // A store restored from a backup: its revisions are behind the write's, and
             // what it holds is what the Node holds now.
             self.restored = true;
@@ -453,7 +459,7 @@ impl Reporter {
                 // A new name (the credentials name another node): the old Node's watch
                 // ends, and what it knew with it.
                 own = Some(Own::start(&credentials, name, &self.metrics));
-                policy.seen(OnNode::Unknown, None, false);
+                policy.seen(OnNode::Unknown, None, None, false);
             }
             // What the watch saw, read into the policy once each time it says something
             // new (the wait below marks it seen: the last one taken is compared instead).
@@ -474,7 +480,7 @@ impl Reporter {
                         (holds, node.rv)
                     }
                 };
-                policy.seen(node, rv, restored);
+                policy.seen(node, rv, seen.as_of, restored);
                 policy.watch_problem(seen.problem.as_ref().map(|p| p.text.clone()));
             }
             // The first pass publishes a status with the bundle's path.
@@ -803,7 +809,7 @@ mod tests {
             Action::Idle,
             "the Node's watch has not listed it"
         );
-        p.seen(holds("u1", None), Some(5), false);
+        p.seen(holds("u1", None), Some(5), None, false);
         assert_eq!(p.next(now, false), Action::Idle, "no credentials or name");
         // The same status again before the write: the report keeps the time it changed.
         p.observe(held(&s, "t1, again"), true);
@@ -812,13 +818,18 @@ mod tests {
         assert_eq!(p.next(now, true), Action::Idle);
         assert_eq!(p.standing(Ok(())), Standing::Held);
         // The watch brings the Node as it was before the write, then the write itself.
-        p.seen(holds("u1", None), Some(5), false);
+        p.seen(holds("u1", None), Some(5), None, false);
         assert_eq!(
             p.next(now, true),
             Action::Idle,
             "an older state is passed over"
         );
-        p.seen(holds("u1", Some(held(&s, "t1").to_json())), Some(6), false);
+        p.seen(
+            holds("u1", Some(held(&s, "t1").to_json())),
+            Some(6),
+            None,
+            false,
+        );
         assert_eq!(p.next(now, true), Action::Idle);
         // The same report at another time: nothing to write, and its time stays.
         p.observe(held(&s, "t2"), true);
@@ -842,47 +853,63 @@ mod tests {
         let s = status(Some(true));
         let ours = held(&s, "t").to_json();
         p.observe(held(&s, "t"), true);
-        p.seen(holds("u1", Some(ours.clone())), Some(5), false);
+        p.seen(holds("u1", Some(ours.clone())), Some(5), None, false);
         assert_eq!(
             p.next(now, true),
             Action::Idle,
             "it holds the report already"
         );
         // Removed.
-        p.seen(holds("u1", None), Some(7), false);
+        p.seen(holds("u1", None), Some(7), None, false);
         assert_eq!(write(&p, now).1, Cause::Removed);
         p.outcome(Outcome::Written { rv: Some(8) }, now, MIN);
         // Edited into a lie: a report that says the node is out of sync.
         let mut lie = s.clone();
         lie.in_sync = Some(false);
-        p.seen(holds("u1", Some(held(&lie, "t").to_json())), Some(9), false);
+        p.seen(
+            holds("u1", Some(held(&lie, "t").to_json())),
+            Some(9),
+            None,
+            false,
+        );
         assert_eq!(write(&p, now), (held(&s, "t"), Cause::Edited));
         // Edited into something that is no report at all.
-        p.seen(holds("u1", Some("{not json".into())), Some(10), false);
+        p.seen(holds("u1", Some("{not json".into())), Some(10), None, false);
         assert_eq!(write(&p, now).1, Cause::Edited);
         p.outcome(Outcome::Written { rv: Some(11) }, now, MIN);
         // Deleted, then registered again: waited for, then a new uid.
-        p.seen(OnNode::Missing, None, false);
+        p.seen(OnNode::Missing, None, None, false);
         assert_eq!(p.next(now, true), Action::Idle);
         assert!(
             matches!(p.standing(Ok(())), Standing::Pending(why) if why.starts_with("waiting for the Node to exist"))
         );
-        p.seen(holds("u2", None), Some(12), false);
+        p.seen(holds("u2", None), Some(12), None, false);
         assert_eq!(write(&p, now).1, Cause::Registered);
         p.outcome(Outcome::Written { rv: Some(13) }, now, MIN);
         // A state older than the write, not from a restore: passed over.
-        p.seen(holds("u2", None), Some(12), false);
+        p.seen(holds("u2", None), Some(12), None, false);
         assert_eq!(
             p.next(now, true),
             Action::Idle,
             "older than the write: passed over"
         );
+        // A list that raced the write, from before it: passed over too.
+        p.seen(holds("u2", None), Some(12), Some(12), false);
+        assert_eq!(
+            p.next(now, true),
+            Action::Idle,
+            "a list from before the write"
+        );
+        // A list past the write that finds the Node older than it: the store lost the
+        // write (restored from a backup whose revisions caught up before the list).
+        p.seen(holds("u2", None), Some(12), Some(13), false);
+        assert_eq!(write(&p, now).1, Cause::Restored);
         // A store restored from before the report: its revisions are behind the write's,
         // and what it says stands; the cause is the restore.
-        p.seen(holds("u2", None), Some(4), true);
+        p.seen(holds("u2", None), Some(4), None, true);
         assert_eq!(write(&p, now).1, Cause::Restored);
         p.outcome(Outcome::Written { rv: Some(5) }, now, MIN);
-        p.seen(holds("u2", None), Some(4), false);
+        p.seen(holds("u2", None), Some(4), None, false);
         assert_eq!(
             p.next(now, true),
             Action::Idle,
@@ -890,9 +917,13 @@ mod tests {
         );
         // A restore whose Node already holds the report: nothing to write, and the next
         // repair is not taken for a restore.
-        p.seen(holds("u2", Some(ours.clone())), Some(20), true);
+        p.seen(holds("u2", Some(ours.clone())), Some(20), None, true);
         assert_eq!(p.next(now, true), Action::Idle);
-        p.seen(holds("u2", None), Some(21), false);
+        p.seen(holds("u2", None), Some(21), None, false);
+        assert_eq!(write(&p, now).1, Cause::Removed);
+        // A list past the write that finds the write's own state changed: no restore.
+        p.outcome(Outcome::Written { rv: Some(22) }, now, MIN);
+        p.seen(holds("u2", None), Some(22), Some(30), false);
         assert_eq!(write(&p, now).1, Cause::Removed);
     }
 
@@ -924,6 +955,7 @@ mod tests {
         p.seen(
             holds("u1", Some(held(&s, "earlier").to_json())),
             None,
+            None,
             false,
         );
         assert_eq!(p.next(now, true), Action::Idle);
@@ -937,7 +969,7 @@ mod tests {
         // Something else on the Node (an older report, an invalid one) is written over.
         let mut p = Policy::new(now);
         p.observe(held(&s, "t"), true);
-        p.seen(holds("u1", Some("{not json".into())), None, false);
+        p.seen(holds("u1", Some("{not json".into())), None, None, false);
         assert_eq!(write(&p, now).1, Cause::Start);
     }
 
@@ -946,7 +978,7 @@ mod tests {
         let now = Instant::now();
         let mut p = Policy::new(now);
         p.observe(held(&status(None), "t"), false);
-        p.seen(holds("u1", None), None, false);
+        p.seen(holds("u1", None), None, None, false);
         assert_eq!(
             p.next(now, true),
             Action::Wait {
@@ -967,7 +999,7 @@ mod tests {
         let now = Instant::now();
         let mut p = Policy::new(now);
         p.observe(held(&status(Some(true)), "t"), true);
-        p.seen(holds("u1", None), None, false);
+        p.seen(holds("u1", None), None, None, false);
         let refused = Outcome::Failed {
             failure: Failure::ANSWERED,
             reason: "forbidden",
@@ -1058,7 +1090,7 @@ mod tests {
             p.standing(Ok(())),
             Standing::Pending("waiting for the Node's watch".into())
         );
-        p.seen(OnNode::Missing, None, false);
+        p.seen(OnNode::Missing, None, None, false);
         assert!(
             matches!(p.standing(Ok(())), Standing::Pending(why) if why.contains("a new node registers it"))
         );
@@ -1072,7 +1104,7 @@ mod tests {
             Standing::Failed("cannot follow its Node: HTTP 403".into())
         );
         p.watch_problem(None);
-        p.seen(holds("u", None), None, false);
+        p.seen(holds("u", None), None, None, false);
         assert_eq!(
             p.standing(Ok(())),
             Standing::Pending("not written yet".into())

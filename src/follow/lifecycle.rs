@@ -15,12 +15,13 @@
 //!   silent watch) is asked again after a delay that doubles up to [`ANSWERED_MAX`], never
 //!   sooner than its `Retry-After`, and not faster after it.
 //! - Every delay is spread by jitter, so that a fleet does not come back in step.
-//! - A resourceVersion means something only within one store. A watch that ended cleanly
-//!   (its timeout) resumes from it; after the connection was lost (the server could not be
-//!   reached, or went silent) the object is listed again instead: the server that answers
-//!   next may stand on a store restored from a backup, behind that resourceVersion, where a
-//!   resumed watch opens and hears nothing for hours while the source looks up. A list
-//!   whose resourceVersion went back is told ([`Step::went_back`]).
+//! - A resourceVersion means something only within one store. A watch that ended at its
+//!   timeout resumes from it; after the connection was lost (the server could not be
+//!   reached, went silent, or the watch was cut before its timeout) the object is listed
+//!   again instead: the server that answers next may stand on a store restored from a
+//!   backup, where a resumed watch opens and hears nothing for hours while the source looks
+//!   up (behind that resourceVersion, or past it on another history). A list whose
+//!   resourceVersion went back is told ([`Step::went_back`]).
 //! - A watch is established once it has delivered (an event or a bookmark) or stayed open
 //!   [`CONFIRM`] without an error: only then is the backoff reset and a source that was down
 //!   reported up again. A watch the server accepted and then expired or cut is not.
@@ -65,6 +66,22 @@ pub enum Failure {
     Expired,
 }
 
+/// How much sooner than its `timeoutSeconds` a watch may end, as the client measures it
+/// (from the answer to the request), and still count as ended by it.
+pub const TIMEOUT_SLACK: Duration = Duration::from_secs(5);
+
+impl Happened {
+    /// The open watch ended with no error after being open `open_for`, asked to end after
+    /// `timeout`: at its timeout, or cut before it.
+    pub fn end(open_for: Duration, timeout: Duration) -> Happened {
+        if open_for + TIMEOUT_SLACK < timeout {
+            Happened::Cut
+        } else {
+            Happened::Ended
+        }
+    }
+}
+
 impl Failure {
     /// A failure that the server answered, without a `Retry-After`.
     pub const ANSWERED: Failure = Failure::Answered { retry_after: None };
@@ -89,9 +106,13 @@ pub enum Happened {
     Delivered { rv: String },
     /// The open watch stayed open [`CONFIRM`] without an error.
     StayedOpen,
-    /// The server ended the open watch cleanly (its `timeoutSeconds`, or a connection
-    /// closed between events).
+    /// The server ended the open watch at its `timeoutSeconds` ([`Happened::end`]).
     Ended,
+    /// The open watch ended well before its `timeoutSeconds` with no error to say why: the
+    /// connection was cut (a server shutting down, a proxy, a TLS stream cut short, which
+    /// the client library ends quietly). The server answering next may stand on another
+    /// store.
+    Cut,
     /// The request failed, or the open watch broke.
     Failed(Failure),
     /// The wait of [`Action::Wait`] is over.
@@ -161,6 +182,10 @@ pub struct Watch {
     backoff: Backoff,
     /// Watches that ended before they were established, since one last was.
     early_ends: u32,
+    /// The list under way follows a watch cut before it was established, with no wait
+    /// between: the early ends before it still count, or a proxy that cuts every stream
+    /// would make a tight loop of lists and watches.
+    relisting_at_once: bool,
     /// Whether the source was last reported up.
     up: bool,
     /// The newest resourceVersion a list or the watch has reached, kept across a list so
@@ -257,6 +282,7 @@ impl Watch {
             state: State::Listing,
             backoff: Backoff::default(),
             early_ends: 0,
+            relisting_at_once: false,
             up: false,
             reached: None,
         };
@@ -320,10 +346,11 @@ impl Watch {
         match (state, happened) {
             (S::Listing, H::Listed { rv }) => {
                 // The list delivered: the source is up with what it said. Watches that
-                // ended early before it are no loop of requests: a list and a wait came
-                // between.
+                // ended early before it are no loop of requests when a wait came between.
                 self.up = true;
-                self.early_ends = 0;
+                if !std::mem::take(&mut self.relisting_at_once) {
+                    self.early_ends = 0;
+                }
                 let open = S::Opening {
                     rv: rv.clone(),
                     from_list: true,
@@ -387,6 +414,22 @@ impl Watch {
                     (open, act(Action::Watch { rv }, Report::Nothing))
                 }
             }
+            (S::Accepted { .. }, H::Cut) => {
+                // Cut before it was established: listed again at once the first time (the
+                // server that answers may stand on another store); again with nothing
+                // established between, a failure with a backoff.
+                self.early_ends = self.early_ends.saturating_add(1);
+                if self.early_ends > 1 {
+                    self.back_off(Failure::ANSWERED, Resume::List, now, jitter)
+                } else {
+                    self.relisting_at_once = true;
+                    (S::Listing, act(Action::List, Report::Nothing))
+                }
+            }
+            (S::Watching { .. }, H::Cut) => {
+                // An established watch cut: listed again at once, nothing failed.
+                (S::Listing, act(Action::List, Report::Nothing))
+            }
             (S::Watching { rv }, H::Ended | H::NewCredentials) => {
                 let open = S::Opening {
                     rv: rv.clone(),
@@ -447,6 +490,7 @@ impl Watch {
             then
         };
         self.up = false;
+        self.relisting_at_once = false;
         let delay = self.backoff.after(failure, jitter);
         let until = now + delay;
         let state = State::BackingOff { until, then };
@@ -887,6 +931,59 @@ mod tests {
             w.step(Happened::Failed(lost), now, MIN);
             assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
         }
+    }
+
+    #[test]
+    fn a_watch_cut_before_its_timeout_is_listed_again_and_one_cut_every_time_backs_off() {
+        let s = Duration::from_secs;
+        let timeout = s(100);
+        assert_eq!(
+            Happened::end(timeout - TIMEOUT_SLACK, timeout),
+            Happened::Ended
+        );
+        assert_eq!(Happened::end(timeout, timeout), Happened::Ended);
+        let short = timeout - TIMEOUT_SLACK - Duration::from_millis(1);
+        assert_eq!(Happened::end(short, timeout), Happened::Cut);
+        assert_eq!(Happened::end(s(2), timeout), Happened::Cut);
+
+        let now = Instant::now();
+        let mut w = watching(now);
+        w.step(Happened::Delivered { rv: rv("30") }, now, MIN);
+        // An established watch cut: listed again at once, and nothing failed.
+        let step = w.step(Happened::Cut, now, MIN);
+        assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
+        assert!(w.up(), "what it had is as current as the last event");
+        assert_eq!(w.rv(), None, "nothing to resume from");
+        // The list's watch cut before it is established: listed again at once the first
+        // time, even straight after a list.
+        w.step(Happened::Listed { rv: rv("31") }, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Cut, now, MIN);
+        assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
+        // Cut again: the list at once between does not start the count over (no wait came
+        // between, or it would be a tight loop); a failure with a backoff, then a list.
+        w.step(Happened::Listed { rv: rv("32") }, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Cut, now, MIN);
+        assert_eq!(step.report, Report::Down);
+        assert!(wait_of(&step, now) >= ANSWERED_FIRST / 2, "{step:?}");
+        assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
+        // After that wait, the next cut is the first again.
+        w.step(Happened::Listed { rv: rv("33") }, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Cut, now, MIN);
+        assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
+        // A list that fails after a cut waits: the list after that wait starts over too.
+        w.step(Happened::Failed(Failure::Unreachable), now, MIN);
+        w.step(Happened::Waited, now, MIN);
+        w.step(Happened::Listed { rv: rv("34") }, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Cut, now, MIN);
+        assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
+        w.step(Happened::Listed { rv: rv("35") }, now, MIN);
+        w.step(Happened::Opened, now, MIN);
+        let step = w.step(Happened::Cut, now, MIN);
+        assert_eq!(step.report, Report::Down, "the second cut in a row");
     }
 
     #[test]

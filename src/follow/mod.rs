@@ -124,6 +124,9 @@ pub struct Listed {
     /// The store went back since the watch last stood on it (restored from a backup): its
     /// resourceVersion is behind what the watch had reached.
     pub went_back: bool,
+    /// The list's resourceVersion, when it is a number (etcd's revision): the items are
+    /// the store as of it.
+    pub rv: Option<u64>,
 }
 
 /// A caller's part of one watch: what to list and watch, what a list or an event does to
@@ -184,8 +187,9 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
     let (mut watch, mut action) = Watch::start();
     // The open watch, and the generation of the credentials whose client opened it.
     let mut open: Option<(Events<F::K>, u64)> = None;
-    // When the open watch was last heard from.
+    // When the open watch was last heard from, and when it was opened.
     let mut heard = tokio::time::Instant::now();
+    let mut opened = heard;
     // The generation of the client that made the last request: a newer one ends a wait.
     let mut used: u64 = 0;
     loop {
@@ -205,7 +209,7 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
         // the step (which says whether the store went back); whether `followed` was told
         // something new this turn.
         let mut trouble: Option<Problem> = None;
-        let mut listed: Option<(Vec<F::K>, Instant)> = None;
+        let mut listed: Option<(Vec<F::K>, Instant, Option<u64>)> = None;
         let mut told = false;
         let happened = match &action {
             Action::List => {
@@ -213,7 +217,7 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
                 let page = |params| followed.list(client.clone(), params);
                 match list_pages(server, &list_params, page).await {
                     Ok((items, Some(rv))) => {
-                        listed = Some((items, Instant::now()));
+                        listed = Some((items, Instant::now(), rv.parse().ok()));
                         Happened::Listed { rv }
                     }
                     Ok((_, None)) => {
@@ -240,6 +244,7 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
                     Ok(events) => {
                         open = Some((events, creds.generation));
                         heard = tokio::time::Instant::now();
+                        opened = heard;
                         Happened::Opened
                     }
                     Err(problem) => {
@@ -281,7 +286,13 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
                                 followed.changed(change, arrived);
                                 told = true;
                             }
-                            read.happened
+                            match read.happened {
+                                Happened::Ended => Happened::end(
+                                    heard - opened,
+                                    Duration::from_secs(WATCH_TIMEOUT_SECONDS.into()),
+                                ),
+                                happened => happened,
+                            }
                         }
                     }
                 }
@@ -318,9 +329,10 @@ pub async fn follow<F: Followed>(mut credentials: Credentials, mut followed: F) 
                 back.from,
             );
         }
-        if let Some((items, at)) = listed {
+        if let Some((items, at, rv)) = listed {
             let listed = Listed {
                 went_back: step.went_back.is_some(),
+                rv,
             };
             followed.listed(items, listed, at);
             told = true;
@@ -461,8 +473,9 @@ fn item<K: kube::Resource>(
             delivered(bookmark.metadata.resource_version, None)
         }
         // The server ended the watch (its timeout, or a connection that closed between
-        // events). Said only if the lifecycle takes it for a failure: when it came before
-        // the watch was established, again.
+        // events: the loop tells them apart by how long it was open). Said only if the
+        // lifecycle takes it for a failure: when it came before the watch was established,
+        // again.
         Ok(None) => Item {
             happened: Happened::Ended,
             problem: Some(Problem::new(

@@ -254,11 +254,12 @@ impl Followed for Recorder {
             .filter_map(|i| i.metadata.name.clone())
             .collect();
         let back = if listed.went_back { " (went back)" } else { "" };
+        let rv = listed.rv.map(|rv| format!(" at {rv}")).unwrap_or_default();
         self.0
             .0
             .lock()
             .unwrap()
-            .push(format!("listed {}{back}", names.join(",")));
+            .push(format!("listed {}{rv}{back}", names.join(",")));
     }
 
     fn changed(&mut self, change: Change<ConfigMap>, _: Instant) {
@@ -347,12 +348,23 @@ async fn it_lists_then_watches_from_the_list_and_resumes_a_watch_that_ended_with
     let _ = watch.answer.send(answer);
     events.unbounded_send(added("cm", "7")).unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(h.told.take(), ["listed cm", "applied cm"]);
-    // The server ends the watch (its timeout): resumed from the event's resourceVersion.
+    assert_eq!(h.told.take(), ["listed cm at 5", "applied cm"]);
+    // The server ends the watch at its timeout: resumed from the event's resourceVersion.
+    let timeout = Duration::from_secs(WATCH_TIMEOUT_SECONDS.into());
+    tokio::time::sleep(timeout - lifecycle::TIMEOUT_SLACK).await;
     drop(events);
     let (again, _) = h.next().await;
     assert_eq!(again.what, "watch from 7");
     assert!(h.told.take().is_empty(), "an end is no failure");
+    // The resumed watch, established, then cut long before its timeout (a server shutting
+    // down, a TLS stream cut short): listed again, not resumed, and nothing failed.
+    let (answer, events) = open_watch();
+    let _ = again.answer.send(answer);
+    tokio::time::sleep(lifecycle::CONFIRM * 2).await;
+    drop(events);
+    let (relist, _) = h.next().await;
+    assert_eq!(relist.what, "list");
+    assert!(h.told.take().is_empty(), "a cut is no failure");
 }
 
 #[tokio::test(start_paused = true)]
@@ -443,12 +455,12 @@ async fn a_failure_backs_off_as_its_kind_says_and_a_silent_watch_is_listed_again
     let (relist, at) = h.next().await;
     assert_eq!(relist.what, "list");
     assert!(at - failed_at >= WATCH_SILENCE, "{:?}", at - failed_at);
-    assert_eq!(h.told.take(), ["listed ", "down watch_silent"]);
+    assert_eq!(h.told.take(), ["listed  at 5", "down watch_silent"]);
     drop(events);
     // The store went back: the list says so.
     let _ = relist.answer.send(listed("3", &["cm"]));
     let _ = h.next().await;
-    assert_eq!(h.told.take(), ["listed cm (went back)"]);
+    assert_eq!(h.told.take(), ["listed cm at 3 (went back)"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -506,7 +518,7 @@ async fn a_watch_that_failed_is_up_again_once_resumed_and_a_410_lists_again_and_
     let (answer, events) = open_watch();
     let _ = resumed.answer.send(answer);
     tokio::time::sleep(lifecycle::CONFIRM * 2).await;
-    assert_eq!(h.told.take(), ["listed cm", "down api_error", "up"]);
+    assert_eq!(h.told.take(), ["listed cm at 5", "down api_error", "up"]);
     // 410 Gone on the established watch: listed again at once, nothing failed, and said.
     events.unbounded_send(error(410)).unwrap();
     let (relist, _) = h.next().await;
@@ -539,5 +551,5 @@ async fn a_list_is_read_page_by_page_and_watched_from_the_last_pages_version() {
     let _ = second.answer.send(listed("6", &["cm2"]));
     let (watch, _) = h.next().await;
     assert_eq!(watch.what, "watch from 6");
-    assert_eq!(h.told.take(), ["listed cm,cm2"]);
+    assert_eq!(h.told.take(), ["listed cm,cm2 at 6"]);
 }
