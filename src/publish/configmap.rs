@@ -363,13 +363,16 @@ mod tests {
             |rv: Option<&str>| Seen::Present(Observed::new(None, None, rv.map(str::to_string)));
         // No resourceVersion returned: nothing to compare, the watch stands.
         assert!(!applied_is_newer(&at(Some("5")), None, false));
-        // The watch already shows the apply's own version.
+        // The watch already shows the apply's own version (a number or not).
         assert!(!applied_is_newer(&at(Some("7")), Some("7"), true));
+        assert!(!applied_is_newer(&at(Some("x")), Some("x"), false));
         // Older than the apply: the apply's result is what the ConfigMap holds.
         assert!(applied_is_newer(&at(Some("5")), Some("7"), false));
         assert!(applied_is_newer(&at(Some("5")), Some("7"), true));
         // Newer than the apply (another writer after it, seen before its answer came).
         assert!(!applied_is_newer(&at(Some("9")), Some("7"), true));
+        // Compared as revisions: the same one written another way is not newer.
+        assert!(!applied_is_newer(&at(Some("07")), Some("7"), false));
         // Versions that are not numbers: only equality is known.
         assert!(applied_is_newer(&at(Some("x")), Some("7"), false));
         assert!(applied_is_newer(&at(None), Some("7"), false));
