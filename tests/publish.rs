@@ -279,6 +279,30 @@ fn a_deleted_or_hand_edited_configmap_is_published_again() {
     assert!(agent.log().contains("does not match"), "{}", agent.log());
 }
 
+/// The ConfigMap deleted while the publisher's apply is in flight: the watch says it is
+/// gone before the apply's answer comes, and the answer (older) must not make the publisher
+/// take it for published (a race one full test run met by chance).
+#[test]
+fn a_configmap_deleted_while_the_apply_is_in_flight_is_published_again() {
+    let (a, b) = (
+        Signer::new("signer-a", Algorithm::P256),
+        Signer::new("signer-b", Algorithm::P256),
+    );
+    let (api, _node, agent) = publishing(&a);
+    api.set_patch_answer_delay(SECOND);
+    api.put_controllerconfig(CC, &b64(&b.pem()));
+    // Committed at once, answered a second later: deleted in between.
+    wait_published(&api, 5 * SECOND, &b.pem());
+    api.delete_configmap(NS, NAME);
+    let took = wait_published(&api, 10 * SECOND, &b.pem());
+    eprintln!("published again {took:?} after the delete");
+    assert!(
+        agent.log().contains("the ConfigMap is gone"),
+        "{}",
+        agent.log()
+    );
+}
+
 #[test]
 fn a_node_agent_watching_the_derived_configmap_follows_a_rotation_end_to_end() {
     let api = ApiServer::start();

@@ -820,6 +820,12 @@ impl ApiServer {
         });
     }
 
+    /// Every PATCH of a ConfigMap is committed (and its watch event sent) at once, and
+    /// answered only after this long: the writer hears of its write after the watch does.
+    pub fn set_patch_answer_delay(&self, delay: Duration) {
+        self.shared.store().patch_answer_delay = delay;
+    }
+
     /// Every review answers only after this long (so that concurrent requests overlap one).
     pub fn set_review_delay(&self, delay: Duration) {
         self.shared.store().review_delay = delay;
@@ -1016,6 +1022,8 @@ struct Store {
     grants: Vec<Grant>,
     /// How long each review takes to answer.
     review_delay: Duration,
+    /// How long a committed ConfigMap PATCH waits before it is answered.
+    patch_answer_delay: Duration,
     /// The bodies of the reviews received, in order.
     token_reviews: Vec<Value>,
     access_reviews: Vec<Value>,
@@ -1042,6 +1050,7 @@ impl Store {
             review_tokens: HashMap::new(),
             grants: Vec::new(),
             review_delay: Duration::ZERO,
+            patch_answer_delay: Duration::ZERO,
             token_reviews: Vec::new(),
             access_reviews: Vec::new(),
         }
@@ -3498,8 +3507,13 @@ async fn handle(
     ) = (method.as_str(), &route)
     {
         let namespace = ns.clone().unwrap_or_default();
-        return serve_patch(&shared, namespace, name.clone(), &parts.headers, &q, &body)
+        let answer = serve_patch(&shared, namespace, name.clone(), &parts.headers, &q, &body)
             .unwrap_or_else(|status| status_reply(&shared, &status));
+        let delay = shared.store().patch_answer_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        return answer;
     }
     if method != "GET" {
         let status = match route {
