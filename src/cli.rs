@@ -877,7 +877,8 @@ pub struct RolloutArgs {
     /// Kubeconfig, as kubectl finds it. Default: $KUBECONFIG (several files separated by
     /// ':', merged as kubectl merges them: the first to set a name or the current-context
     /// wins; missing files are skipped), then ~/.kube/config when it exists, then in-cluster
-    /// (the pod's service account), then the kubelet's own kubeconfig
+    /// (the pod's service account; not with --context, --cluster or --user), then the
+    /// kubelet's own kubeconfig
     /// (/var/lib/kubelet/kubeconfig, /etc/kubernetes/kubelet.conf).
     #[arg(long, value_name = "PATH", env = "KUBELET_CA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

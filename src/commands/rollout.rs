@@ -87,10 +87,10 @@ impl Unsettled {
             Report::Read(Ok(held)) => Some(held),
             _ => None,
         });
-        let candidates = prefix::candidates(&named, reports);
+        let reported = prefix::reported(&named, reports);
         let mut known = self.known.clone();
         let mut resolve = |list: &[Named]| {
-            let (shas, found) = prefix::resolve_all(list, &candidates)
+            let (shas, found) = prefix::resolve_all(list, &named, &reported)
                 .map_err(|e| UsageError(format!("--for: {e}")))?;
             known.extend(found);
             Ok::<_, UsageError>(shas)

@@ -144,16 +144,23 @@ impl Facts {
     }
 }
 
+/// The directories of /run where a resolver replaces its file by rename: systemd-resolved's,
+/// resolvconf's and NetworkManager's. Only these are read whole for a resolver's link; any
+/// other (all of /run, for a link to /run/resolv.conf) would hand the agent far more.
+const RESOLVER_DIRS: [&str; 3] = [
+    "/run/systemd/resolve",
+    "/run/resolvconf",
+    "/run/NetworkManager",
+];
+
 /// The rule for a resolver's file at `path`, which resolves to `target`: the file itself,
-/// or, for a link into /run (systemd-resolved's stub, NetworkManager's file), replaced there
-/// by rename, the directory it leads into, which holds nothing else (the link itself needs
-/// no rule: Landlock checks what is opened, not the link).
+/// or, for a link into one of [`RESOLVER_DIRS`], where the file is replaced by rename, that
+/// directory (the link itself needs no rule: Landlock checks what is opened, not the link).
 pub(super) fn resolver_rule(path: &Path, target: Option<PathBuf>) -> (PathBuf, Access) {
-    match target {
-        Some(target) if target != path && target.starts_with("/run") => match target.parent() {
-            Some(dir) => (dir.to_path_buf(), Access::Read),
-            None => (path.to_path_buf(), Access::ReadFile),
-        },
+    match target.as_deref().and_then(Path::parent) {
+        Some(dir) if RESOLVER_DIRS.iter().any(|known| dir == Path::new(known)) => {
+            (dir.to_path_buf(), Access::Read)
+        }
         _ => (path.to_path_buf(), Access::ReadFile),
     }
 }

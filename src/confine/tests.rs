@@ -613,6 +613,21 @@ fn a_resolver_file_linked_into_run_is_read_in_its_directory_and_any_other_as_its
         facts::resolver_rule(resolv, Some("/run/systemd/resolve/stub-resolv.conf".into())),
         (PathBuf::from("/run/systemd/resolve"), Access::Read)
     );
+    for dir in ["/run/resolvconf", "/run/NetworkManager"] {
+        let file = Path::new(dir).join("resolv.conf");
+        assert_eq!(
+            facts::resolver_rule(resolv, Some(file)),
+            (PathBuf::from(dir), Access::Read)
+        );
+    }
+    // Any other directory of /run, and /run itself, is not read whole: the file only.
+    for other in ["/run/resolv.conf", "/run/secrets/resolv.conf"] {
+        assert_eq!(
+            facts::resolver_rule(resolv, Some(other.into())),
+            (resolv.to_path_buf(), Access::ReadFile),
+            "{other}"
+        );
+    }
     assert_eq!(
         facts::resolver_rule(resolv, Some(resolv.to_path_buf())),
         (resolv.to_path_buf(), Access::ReadFile)

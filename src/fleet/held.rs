@@ -100,9 +100,12 @@ pub struct Sha(String);
 impl Sha {
     /// `text` as a SHA-256: 64 hex digits, colons allowed between them, any case.
     pub fn parse(text: &str) -> Option<Sha> {
+        let text = text.trim();
+        let text = match text.get(..7) {
+            Some(head) if head.eq_ignore_ascii_case("sha256:") => &text[7..],
+            _ => text,
+        };
         let hex: String = text
-            .trim()
-            .trim_start_matches("sha256:")
             .chars()
             .filter(|c| *c != ':')
             .collect::<String>()
@@ -179,6 +182,17 @@ impl Held {
             return Err(Invalid(format!(
                 "{} targets, over the {MAX_TARGETS} allowed",
                 held.targets.len()
+            )));
+        }
+        // A name as the writer cuts it: at most MAX_NAME characters and its ellipsis.
+        if let Some(long) = held
+            .names
+            .values()
+            .find(|name| name.chars().count() > MAX_NAME + 1)
+        {
+            return Err(Invalid(format!(
+                "a name of {} characters, over the {MAX_NAME} allowed",
+                long.chars().count()
             )));
         }
         Ok(held)
@@ -539,6 +553,11 @@ mod tests {
         let back = Held::parse(&held.to_json()).unwrap();
         assert_eq!(back, held);
         assert_eq!(back.name(&a).subject_cn.as_deref(), Some("signer-a"));
+        // Another writer's name longer than the writer cuts one: no report.
+        let mut long = held.clone();
+        long.names.insert(b.clone(), "y".repeat(MAX_NAME + 2));
+        let e = Held::parse(&long.to_json()).unwrap_err();
+        assert_eq!(e.0, "a name of 66 characters, over the 64 allowed");
         assert_eq!(
             back.name(&Sha(sha('e'))),
             crate::fleet::verdict::Ca::unnamed(Sha(sha('e')))
@@ -721,6 +740,11 @@ mod tests {
             .collect::<Vec<_>>()
             .join(":");
         assert_eq!(Sha::parse(&with_colons), Some(Sha(hex.clone())));
+        // As a table or openssl prints it: sha256: in any case in front.
+        for head in ["sha256:", "SHA256:", "Sha256:"] {
+            let text = format!("{head}{}", hex.to_uppercase());
+            assert_eq!(Sha::parse(&text), Some(Sha(hex.clone())), "{text}");
+        }
         assert_eq!(Sha::parse(&format!("sha256:{hex}")), Some(Sha(hex.clone())));
         assert_eq!(Sha::parse(&hex[1..]), None);
         assert_eq!(Sha::parse(&format!("{}g", &hex[1..])), None);

@@ -100,19 +100,33 @@ pub enum Named {
 }
 
 /// Each of `named` as a whole fingerprint, in order and each once, every prefix resolved
-/// among `candidates`; and the candidates they name, each once, to name them by (a whole
-/// fingerprint that no source names may be named by a report).
-pub fn resolve_all(named: &[Named], candidates: &[Ca]) -> Result<(Vec<Sha>, Vec<Ca>), Unresolved> {
+/// among `trusted` (what the sources make and the `file:` certificates), and only when none
+/// of those matches among `reported` (what the nodes' reports name): a node writes its own
+/// report, and a fingerprint it makes up must not make a prefix of a real CA ambiguous.
+/// With them, the certificates they name, each once, to name them by (one that only a
+/// report names, a CA no source makes any more, by the name a report gives it).
+pub fn resolve_all(
+    named: &[Named],
+    trusted: &[Ca],
+    reported: &[Ca],
+) -> Result<(Vec<Sha>, Vec<Ca>), Unresolved> {
     let mut shas: Vec<Sha> = Vec::with_capacity(named.len());
     let mut found: Vec<Ca> = Vec::new();
     for one in named {
         let (sha, ca) = match one {
             Named::Sha(sha) => (
                 sha.clone(),
-                candidates.iter().find(|c| c.sha256 == *sha).cloned(),
+                trusted
+                    .iter()
+                    .chain(reported)
+                    .find(|c| c.sha256 == *sha)
+                    .cloned(),
             ),
             Named::Prefix(prefix) => {
-                let ca = resolve(prefix, candidates)?;
+                let ca = match resolve(prefix, trusted) {
+                    Err(Unresolved::None(_)) => resolve(prefix, reported)?,
+                    found => found?,
+                };
                 (ca.sha256.clone(), Some(ca))
             }
         };
@@ -128,19 +142,17 @@ pub fn resolve_all(named: &[Named], candidates: &[Ca]) -> Result<(Vec<Sha>, Vec<
     Ok((shas, found))
 }
 
-/// The certificates a prefix may name, each once: `named` first (what the sources make and
-/// the `file:` certificates, with their names), then every fingerprint a report holds or
-/// holds back, in any of its targets, named as that report names it when nothing else does.
-pub fn candidates<'a>(named: &[Ca], reports: impl IntoIterator<Item = &'a Held>) -> Vec<Ca> {
+/// The certificates only the reports name, each once: every fingerprint a report holds or
+/// holds back, in any of its targets, that is not among `trusted`, named as a report names
+/// it (for a list of the ambiguous ones).
+pub fn reported<'a>(trusted: &[Ca], reports: impl IntoIterator<Item = &'a Held>) -> Vec<Ca> {
     let mut out: Vec<Ca> = Vec::new();
     let mut add = |ca: Ca| match out.iter_mut().find(|c| c.sha256 == ca.sha256) {
         Some(known) if known.subject_cn.is_none() => *known = ca,
         Some(_) => {}
+        None if trusted.iter().any(|c| c.sha256 == ca.sha256) => {}
         None => out.push(ca),
     };
-    for ca in named {
-        add(ca.clone());
-    }
     for held in reports {
         for target in &held.targets {
             for sha in target.certs.iter().chain(&target.held_back) {
@@ -276,7 +288,7 @@ mod tests {
             Named::Sha(sha('e')),
         ];
         assert_eq!(
-            resolve_all(&list, &candidates),
+            resolve_all(&list, &candidates, &[]),
             Ok((
                 vec![b.sha256.clone(), a.sha256.clone(), sha('e')],
                 vec![b.clone(), a.clone()]
@@ -284,24 +296,64 @@ mod tests {
         );
         // A whole fingerprint needs no candidate, and takes the name one gives it.
         assert_eq!(
-            resolve_all(&[Named::Sha(sha('e'))], &[]),
+            resolve_all(&[Named::Sha(sha('e'))], &[], &[]),
             Ok((vec![sha('e')], vec![]))
         );
         assert_eq!(
-            resolve_all(&[Named::Sha(a.sha256.clone())], &candidates),
+            resolve_all(&[Named::Sha(a.sha256.clone())], &candidates, &[]),
             Ok((vec![a.sha256.clone()], vec![a.clone()]))
         );
         assert_eq!(
             resolve_all(
                 &[Named::Sha(sha('e')), Named::Prefix(prefix("ffffffffffff"))],
-                &candidates
+                &candidates,
+                &[]
             ),
             Err(Unresolved::None(prefix("ffffffffffff")))
         );
     }
 
     #[test]
-    fn the_candidates_are_the_named_ones_then_every_fingerprint_a_report_names_each_once() {
+    fn a_report_never_makes_a_trusted_prefix_ambiguous() {
+        let a = named(fp("7cd38cef4711aa", '0'), "signer-a");
+        // A node's made-up fingerprint with a's first digits, and a withdrawn CA only the
+        // reports still name.
+        let twin = named(fp("7cd38cef4711ab", '1'), "made-up");
+        let old = named(fp("0123456789ab", '2'), "withdrawn");
+        let trusted = [a.clone()];
+        let reported = [twin.clone(), old.clone()];
+        let list = [Named::Prefix(prefix("7cd38cef4711"))];
+        assert_eq!(
+            resolve_all(&list, &trusted, &reported),
+            Ok((vec![a.sha256.clone()], vec![a.clone()])),
+            "the trusted one, whatever a report names"
+        );
+        // Only a report names it: resolved among the reports, named as a report names it.
+        let list = [
+            Named::Prefix(prefix("0123456789ab")),
+            Named::Sha(twin.sha256.clone()),
+        ];
+        assert_eq!(
+            resolve_all(&list, &trusted, &reported),
+            Ok((
+                vec![old.sha256.clone(), twin.sha256.clone()],
+                vec![old.clone(), twin.clone()]
+            ))
+        );
+        // Among the reports, two that match are still ambiguous; none is none.
+        let twins = [twin.clone(), named(fp("7cd38cef4711ac", '3'), "other")];
+        assert!(matches!(
+            resolve_all(&list[..1], &[], &twins),
+            Err(Unresolved::None(_))
+        ));
+        assert!(matches!(
+            resolve_all(&[Named::Prefix(prefix("7cd38cef4711"))], &[], &twins),
+            Err(Unresolved::Ambiguous(_, several)) if several.len() == 2
+        ));
+    }
+
+    #[test]
+    fn the_reported_ones_are_every_fingerprint_only_a_report_names_each_once() {
         use crate::fleet::held::{Kind, TargetHeld};
         let entry = |certs: Vec<Sha>, held_back: Vec<Sha>| TargetHeld {
             path: "/p".into(),
@@ -329,12 +381,10 @@ mod tests {
         one.names.insert(sha('a'), "node-says-a".into());
         let two = report(vec![entry(vec![sha('c'), sha('f')], vec![])]);
         let sources = [ca('a', "signer-a"), ca('b', "signer-b")];
-        let all = candidates(&sources, [&one, &two]);
+        let all = reported(&sources, [&one, &two]);
         assert_eq!(
             all,
             vec![
-                ca('a', "signer-a"),
-                ca('b', "signer-b"),
                 Ca {
                     sha256: sha('c'),
                     subject_cn: Some("named-by-node".into()),
@@ -348,11 +398,12 @@ mod tests {
         // An unnamed candidate takes the name a later report gives it.
         let mut three = report(vec![entry(vec![sha('f')], vec![])]);
         three.names.insert(sha('f'), "f-name".into());
-        let all = candidates(&[], [&two, &three]);
+        let all = reported(&[], [&two, &three]);
         assert_eq!(all[1].subject_cn.as_deref(), Some("f-name"));
         assert_eq!(all.len(), 2);
-        // A named one is never renamed by a report.
-        let all = candidates(&[ca('c', "from-sources")], [&one]);
-        assert_eq!(all[0], ca('c', "from-sources"));
+        // A trusted one is never among them.
+        let all = reported(&[ca('c', "from-sources")], [&one]);
+        assert!(all.iter().all(|c| c.sha256 != sha('c')), "{all:?}");
+        assert_eq!(all.len(), 3);
     }
 }

@@ -947,6 +947,12 @@ mod tests {
         assert_eq!(Happened::end(s(2), timeout), Happened::Cut);
 
         let now = Instant::now();
+        // A list, its watch accepted, then cut.
+        let cut_after_list = |w: &mut Watch, at: &str| {
+            w.step(Happened::Listed { rv: rv(at) }, now, MIN);
+            w.step(Happened::Opened, now, MIN);
+            w.step(Happened::Cut, now, MIN)
+        };
         let mut w = watching(now);
         w.step(Happened::Delivered { rv: rv("30") }, now, MIN);
         // An established watch cut: listed again at once, and nothing failed.
@@ -956,33 +962,23 @@ mod tests {
         assert_eq!(w.rv(), None, "nothing to resume from");
         // The list's watch cut before it is established: listed again at once the first
         // time, even straight after a list.
-        w.step(Happened::Listed { rv: rv("31") }, now, MIN);
-        w.step(Happened::Opened, now, MIN);
-        let step = w.step(Happened::Cut, now, MIN);
+        let step = cut_after_list(&mut w, "31");
         assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
         // Cut again: the list at once between does not start the count over (no wait came
         // between, or it would be a tight loop); a failure with a backoff, then a list.
-        w.step(Happened::Listed { rv: rv("32") }, now, MIN);
-        w.step(Happened::Opened, now, MIN);
-        let step = w.step(Happened::Cut, now, MIN);
+        let step = cut_after_list(&mut w, "32");
         assert_eq!(step.report, Report::Down);
         assert!(wait_of(&step, now) >= ANSWERED_FIRST / 2, "{step:?}");
         assert_eq!(w.step(Happened::Waited, now, MIN).action, Action::List);
         // After that wait, the next cut is the first again.
-        w.step(Happened::Listed { rv: rv("33") }, now, MIN);
-        w.step(Happened::Opened, now, MIN);
-        let step = w.step(Happened::Cut, now, MIN);
+        let step = cut_after_list(&mut w, "33");
         assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
         // A list that fails after a cut waits: the list after that wait starts over too.
         w.step(Happened::Failed(Failure::Unreachable), now, MIN);
         w.step(Happened::Waited, now, MIN);
-        w.step(Happened::Listed { rv: rv("34") }, now, MIN);
-        w.step(Happened::Opened, now, MIN);
-        let step = w.step(Happened::Cut, now, MIN);
+        let step = cut_after_list(&mut w, "34");
         assert_eq!((step.action, step.report), (Action::List, Report::Nothing));
-        w.step(Happened::Listed { rv: rv("35") }, now, MIN);
-        w.step(Happened::Opened, now, MIN);
-        let step = w.step(Happened::Cut, now, MIN);
+        let step = cut_after_list(&mut w, "35");
         assert_eq!(step.report, Report::Down, "the second cut in a row");
     }
 
